@@ -1,0 +1,1 @@
+"""Baselines: the versioned file schema, atomic storage, and the pure verdict logic."""

@@ -1,0 +1,122 @@
+"""The gate: one pure function turns a measurement and its baseline into a verdict.
+
+No I/O, no clocks, no globals: tests feed it fake numbers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Mapping
+
+from moebench.metrics import Metric
+
+# "Outside the noise" means the change exceeds this many times the larger relative spread of the two
+# measurements. Two spreads, because either side can be the noisy one; 2x because a median of tens of
+# samples rarely moves by more than one spread between clean runs of the same code.
+NOISE_FACTOR = 2.0
+
+
+class Verdict(str, enum.Enum):
+    """Outcome for one metric or one case; ordered by severity (see SEVERITY)."""
+
+    PASS = "PASS"
+    IMPROVEMENT = "IMPROVEMENT"
+    NEW = "NEW"
+    AMBIGUOUS = "AMBIGUOUS"
+    ENV_MISMATCH = "ENV_MISMATCH"
+    STALE = "STALE"
+    REGRESSION = "REGRESSION"
+
+
+SEVERITY = {v: i for i, v in enumerate(Verdict)}
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A metric's verdict with the numbers behind it. `worse` is the signed relative change, positive when
+    worse whatever the metric's direction (None when nothing was compared)."""
+
+    verdict: Verdict
+    value: float
+    baseline: float | None = None
+    worse: float | None = None
+    rel_tol: float | None = None
+    noise: float | None = None
+    reason: str = ""
+
+    @property
+    def delta_pct(self) -> float | None:
+        """Plain relative change of the value against the baseline, in percent (sign as measured)."""
+        if self.baseline in (None, 0):
+            return None
+        return 100.0 * (self.value - self.baseline) / self.baseline
+
+
+def compare_metric(
+    measured: Metric,
+    baseline: Metric | None,
+    *,
+    stale: bool = False,
+    env_mismatch: bool = False,
+    throttled: bool = False,
+) -> Comparison:
+    """Verdict for one metric.
+
+    REGRESSION needs both: worse than rel_tol (the baseline's, which a reviewer set) and worse than
+    NOISE_FACTOR x the larger noise. A throttled measurement is never PASS or REGRESSION: AMBIGUOUS.
+    """
+    if env_mismatch:
+        return Comparison(Verdict.ENV_MISMATCH, measured.value, baseline.value if baseline else None,
+                          reason="baseline recorded on other hardware: not compared")
+    if baseline is None:
+        return Comparison(Verdict.NEW, measured.value, reason="no baseline entry")
+    if stale:
+        return Comparison(Verdict.STALE, measured.value, baseline.value, reason="case definition changed since recording")
+    if measured.direction != baseline.direction:
+        return Comparison(Verdict.STALE, measured.value, baseline.value,
+                          reason=f"direction changed ({baseline.direction} -> {measured.direction})")
+    if baseline.value == 0:
+        return Comparison(Verdict.STALE, measured.value, 0.0, reason="baseline value is 0")
+    change = (measured.value - baseline.value) / abs(baseline.value)
+    worse = change if measured.direction == "lower" else -change
+    tol = baseline.rel_tol
+    noise = NOISE_FACTOR * max(measured.noise, baseline.noise)
+    common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise)
+    if throttled:
+        return Comparison(Verdict.AMBIGUOUS, reason="clocks throttled during the measurement", **common)
+    if worse > tol:
+        if worse > noise:
+            return Comparison(Verdict.REGRESSION, reason="worse than tolerance and outside noise", **common)
+        return Comparison(Verdict.AMBIGUOUS, reason="worse than tolerance but inside noise", **common)
+    if -worse > tol and -worse > noise:
+        return Comparison(Verdict.IMPROVEMENT, reason="better than tolerance and outside noise", **common)
+    return Comparison(Verdict.PASS, **common)
+
+
+def case_verdict(comparisons: Mapping[str, Comparison]) -> Verdict:
+    """The case's verdict: the most severe of its metrics' (PASS when it has none)."""
+    if not comparisons:
+        return Verdict.PASS
+    return max((c.verdict for c in comparisons.values()), key=SEVERITY.__getitem__)
+
+
+def failing(verdict: Verdict, *, strict: bool) -> bool:
+    """Whether a case verdict fails its test: REGRESSION always; NEW and STALE under --baseline-strict."""
+    if verdict is Verdict.REGRESSION:
+        return True
+    return strict and verdict in (Verdict.NEW, Verdict.STALE)
+
+
+def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
+    """The single line a regressed test fails with: case, metric, value, baseline, delta, tolerance, noise."""
+    delta = c.delta_pct
+    u = f" {unit}" if unit else ""
+    parts = [
+        f"{c.verdict.value} {case_key} {metric}: {c.value:.4g}{u}",
+        f"baseline {c.baseline:.4g}{u}" if c.baseline is not None else "no baseline",
+        f"delta {delta:+.1f}%" if delta is not None else "",
+        f"tolerance {100 * c.rel_tol:.1f}%" if c.rel_tol is not None else "",
+        f"noise {100 * c.noise:.1f}%" if c.noise is not None else "",
+    ]
+    return ", ".join(p for p in parts if p)

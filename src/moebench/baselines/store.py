@@ -1,0 +1,175 @@
+"""Reading and writing baseline files: validated on load, written atomically with stable formatting."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from moebench.baselines.schema import SCHEMA_VERSION, BaselineError, validate_file, validate_metric
+from moebench.metrics import Metric
+
+
+def dumps(doc: Mapping[str, Any]) -> str:
+    """Canonical text: sorted keys, 2-space indent, trailing newline, so reviews see small diffs and an
+    untouched entry keeps its bytes across rewrites."""
+    return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same folder and os.replace: a reader (or an interrupt) sees the
+    old file or the new one, never half of either; the temporary file is removed on any failure."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        # BaseException: a KeyboardInterrupt mid-write must not leave the temporary file behind either.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def family_path(root: Path, hardware_key: str, family: str) -> Path:
+    """Where a family's baselines for a hardware key live."""
+    return Path(root) / hardware_key / f"{family}.json"
+
+
+def load_file(path: Path, *, hardware_key: str | None = None, family: str | None = None) -> dict:
+    """Load and validate one baseline file. Raises BaselineError with a one-line message."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise BaselineError(f"{path}: cannot read: {e.strerror or e}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    return validate_file(doc, str(path), hardware_key=hardware_key, family=family)
+
+
+@dataclass
+class BaselineEntry:
+    """A stored entry, as the gate reads it."""
+
+    definition_hash: str
+    metrics: dict[str, Metric]
+    provenance: dict
+
+
+@dataclass
+class BaselineSet:
+    """All baseline files of one hardware key, loaded and validated up front (at session start, so a
+    malformed file stops the run before anything is measured)."""
+
+    root: Path
+    hardware_key: str
+    docs: dict[str, dict] = field(default_factory=dict)  # family -> document
+
+    @classmethod
+    def load(cls, root: Path, hardware_key: str) -> "BaselineSet":
+        """Load every `<root>/<hardware_key>/<family>.json`; a missing folder is an empty set."""
+        folder = Path(root) / hardware_key
+        docs: dict[str, dict] = {}
+        if folder.is_dir():
+            for path in sorted(folder.glob("*.json")):
+                docs[path.stem] = load_file(path, hardware_key=hardware_key, family=path.stem)
+        return cls(Path(root), hardware_key, docs)
+
+    def entry(self, family: str, key: str) -> BaselineEntry | None:
+        """The stored entry for a case key, or None."""
+        doc = self.docs.get(family)
+        raw = doc["entries"].get(key) if doc else None
+        if raw is None:
+            return None
+        where = str(family_path(self.root, self.hardware_key, family))
+        metrics = {n: validate_metric(m, where, f"entries[{key!r}].metrics.{n}") for n, m in raw["metrics"].items()}
+        return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"])
+
+    def fingerprint(self, family: str) -> dict | None:
+        """The machine fingerprint recorded in a family's file header."""
+        doc = self.docs.get(family)
+        return doc["fingerprint"] if doc else None
+
+
+def other_hardware_entries(root: Path, hardware_key: str, family: str, key: str) -> dict[str, BaselineEntry]:
+    """Entries for the same case key stored under other hardware keys (reported as ENV_MISMATCH).
+    Unreadable files of other hardware are skipped here: they are not this run's to validate."""
+    found: dict[str, BaselineEntry] = {}
+    root = Path(root)
+    if not root.is_dir():
+        return found
+    for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != hardware_key):
+        path = folder / f"{family}.json"
+        if not path.is_file():
+            continue
+        try:
+            entry = BaselineSet(root, folder.name, {family: load_file(path)}).entry(family, key)
+        except BaselineError:
+            continue
+        if entry is not None:
+            found[folder.name] = entry
+    return found
+
+
+def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) -> dict:
+    """An empty baseline document."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "hardware_key": hardware_key,
+        "family": family,
+        "fingerprint": fingerprint,
+        "created": now,
+        "updated": now,
+        "entries": {},
+    }
+
+
+def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint: dict, now: str,
+                  updates: Mapping[str, dict]) -> tuple[dict, list[str]]:
+    """Return a new document with `updates` (case key -> entry) written over `doc`, and a list of
+    human-readable change lines. Entries not in `updates` are kept as they are; an updated metric keeps
+    the rel_tol a reviewer stored for it."""
+    out = json.loads(json.dumps(doc)) if doc else new_document(hardware_key, family, fingerprint, now)
+    changes: list[str] = []
+    for key, entry in sorted(updates.items()):
+        old = out["entries"].get(key)
+        if old is not None:
+            for name, m in entry["metrics"].items():
+                if name in old.get("metrics", {}):
+                    m["rel_tol"] = old["metrics"][name]["rel_tol"]
+            for name, m in sorted(entry["metrics"].items()):
+                before = old.get("metrics", {}).get(name, {}).get("value")
+                if before is None:
+                    changes.append(f"  + {key} {name}: {m['value']:.4g} {m['unit']}")
+                elif before != m["value"]:
+                    pct = 100.0 * (m["value"] - before) / before if before else float("nan")
+                    changes.append(f"  ~ {key} {name}: {before:.4g} -> {m['value']:.4g} {m['unit']} ({pct:+.1f}%)")
+            if old.get("definition_hash") != entry["definition_hash"]:
+                changes.append(f"  ~ {key}: case definition changed (was STALE)")
+        else:
+            summary = ", ".join(f"{n} {m['value']:.4g} {m['unit']}" for n, m in sorted(entry["metrics"].items()))
+            changes.append(f"  + {key} ({summary})")
+        out["entries"][key] = entry
+    out["fingerprint"] = fingerprint
+    out["updated"] = now
+    return out, changes
+
+
+def check_writable(folder: Path) -> None:
+    """Raise BaselineError naming the folder when baselines could not be written there."""
+    folder = Path(folder)
+    probe_dir = folder
+    while not probe_dir.exists():
+        probe_dir = probe_dir.parent
+    if not os.access(probe_dir, os.W_OK | os.X_OK) or not probe_dir.is_dir():
+        raise BaselineError(f"{folder}: baseline folder is not writable")

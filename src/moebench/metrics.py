@@ -1,0 +1,77 @@
+"""The measured quantity a benchmark reports: a value with its unit, direction, noise and tolerance."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal
+
+Direction = Literal["lower", "higher"]
+DIRECTIONS: tuple[str, ...] = ("lower", "higher")
+
+
+def relative_spread(samples: Iterable[float]) -> float:
+    """Robust relative noise of samples: 1.4826 * MAD / median (0 for fewer than 2 samples).
+
+    MAD rather than stdev because GPU timings have rare long outliers (a preemption, a clock change)
+    that should not widen the noise band of the whole case.
+    """
+    xs = [float(x) for x in samples]
+    if len(xs) < 2:
+        return 0.0
+    med = statistics.median(xs)
+    if med == 0 or not math.isfinite(med):
+        return 0.0
+    mad = statistics.median(abs(x - med) for x in xs)
+    return 1.4826 * mad / abs(med)
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured metric of a case.
+
+    value: the figure compared with the baseline (the median of the samples when there are samples).
+    direction: "lower" or "higher" is better; always stated, never guessed from the name.
+    noise: relative spread of the samples (see relative_spread).
+    rel_tol: the relative change that counts as a regression when it is also outside the noise.
+    gated: False for derived or informational metrics (GB/s next to the time it came from).
+    """
+
+    value: float
+    unit: str
+    direction: Direction
+    noise: float = 0.0
+    n: int = 1
+    rel_tol: float = 0.05
+    gated: bool = True
+    samples: tuple[float, ...] = field(default=(), repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+
+    @classmethod
+    def from_samples(
+        cls, samples: Iterable[float], unit: str, direction: Direction, *, rel_tol: float = 0.05, gated: bool = True
+    ) -> "Metric":
+        """Median of the samples, with their robust relative spread as noise."""
+        xs = tuple(float(x) for x in samples)
+        if not xs:
+            raise ValueError("no samples")
+        return cls(statistics.median(xs), unit, direction, relative_spread(xs), len(xs), rel_tol, gated, xs)
+
+    def derived(self, value: float, unit: str, direction: Direction) -> "Metric":
+        """An informational metric computed from this one (same n and noise, not gated)."""
+        return replace(self, value=value, unit=unit, direction=direction, gated=False, samples=())
+
+    def to_json(self) -> dict:
+        """The fields stored in baselines and results (no raw samples)."""
+        return {
+            "value": self.value,
+            "unit": self.unit,
+            "direction": self.direction,
+            "noise": round(self.noise, 6),
+            "n": self.n,
+            "rel_tol": self.rel_tol,
+        }

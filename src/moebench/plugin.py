@@ -1,0 +1,252 @@
+"""The pytest plugin: options, marker checks, the `moebench` fixture, and the closing report.
+
+Hooks and options only; the logic lives in session.py (run state), baselines/ (schema, store, verdict)
+and report.py (tables, JSON).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Mapping
+
+import pytest
+
+from moebench import hardware, report
+from moebench.baselines.compare import Verdict
+from moebench.baselines.schema import BaselineError
+from moebench.baselines.store import BaselineSet, check_writable
+from moebench.metrics import Metric
+from moebench.session import CaseResult, Row, RunState
+
+STATE = pytest.StashKey[RunState]()
+_UPDATE_LINES = pytest.StashKey[list]()
+_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("moebench", "moebench: baselines and verdicts")
+    g.addoption("--baseline-dir", default="baselines", metavar="DIR",
+                help="root of the baseline files, <DIR>/<hardware-key>/<family>.json (default: baselines)")
+    g.addoption("--baseline-update", action="store_true",
+                help="write the measured values of the selected cases into this hardware's baseline files; "
+                     "every other entry keeps its bytes")
+    g.addoption("--baseline-propose", metavar="DIR", default=None,
+                help="write the would-be updated baseline files under DIR instead of touching --baseline-dir")
+    g.addoption("--baseline-strict", action="store_true", help="NEW and STALE cases fail (for CI)")
+    g.addoption("--results-json", metavar="PATH", default=None,
+                help="write every case (key, metrics, verdict, baseline, delta, noise, fingerprint) here")
+    g.addoption("--summary-md", metavar="PATH", default=None,
+                help="write the closing verdict table as markdown here (also appended to $GITHUB_STEP_SUMMARY)")
+    g.addoption("--hardware-key", metavar="KEY", default=None,
+                help="use this hardware key instead of the one detected through NVML")
+
+
+def _registered_markers(config: pytest.Config) -> set[str]:
+    return {re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in config.getini("markers")}
+
+
+def marker_names_in(expr: str) -> set[str]:
+    """Marker names an -m expression mentions (keyword arguments and quoted strings left out)."""
+    expr = re.sub(r"\"[^\"]*\"|'[^']*'", "", expr)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", expr):
+        rest = expr[m.end():].lstrip()
+        if rest.startswith("=") and not rest.startswith("=="):
+            continue
+        names.add(m.group())
+    return names - {"and", "or", "not", "True", "False", "None"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    markexpr = config.getoption("markexpr", default="") or ""
+    unknown = sorted(marker_names_in(markexpr) - _registered_markers(config))
+    if unknown:
+        raise pytest.UsageError(f"-m {markexpr!r}: unknown marker {', '.join(map(repr, unknown))} "
+                                f"(known: {', '.join(sorted(_registered_markers(config)))})")
+    root = Path(config.getoption("baseline_dir"))
+    if not root.is_absolute():
+        root = Path(config.rootpath) / root
+    fp = hardware.fingerprint()
+    forced = config.getoption("hardware_key")
+    key = forced or hardware.hardware_key(fp)
+    try:
+        baselines = BaselineSet.load(root, key)
+        if config.getoption("baseline_update") and not config.getoption("baseline_propose"):
+            check_writable(root / key)
+        if config.getoption("baseline_propose"):
+            check_writable(Path(config.getoption("baseline_propose")))
+    except BaselineError as e:
+        raise pytest.UsageError(f"moebench: {e}") from None
+    config.stash[STATE] = RunState(baseline_dir=root, hardware_key=key, fingerprint=fp,
+                                   strict=config.getoption("baseline_strict"),
+                                   update=config.getoption("baseline_update"), baselines=baselines,
+                                   key_forced=bool(forced))
+    config.stash[_UPDATE_LINES] = []
+    config.pluginmanager.register(_TestOutcomes(config.stash[STATE]), "moebench-outcomes")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    s = config.stash.get(STATE, None)
+    if s is None:
+        return []
+    gpus = s.fingerprint.get("gpus") or []
+    what = f"{len(gpus)} x {gpus[0]['name']}" if gpus else f"CPU {s.fingerprint['cpu']['model']}"
+    return [f"moebench: hardware key {s.hardware_key} ({what}); baselines {s.baseline_dir}"
+            + (" [update]" if s.update else "") + (" [strict]" if s.strict else "")]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # `full` cases are outside the default selection: they run only when -m names `full`.
+    if "full" in marker_names_in(config.getoption("markexpr", default="") or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("full") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    need = 0
+    if item.get_closest_marker("gpu"):
+        need = 1
+    m = item.get_closest_marker("gpus")
+    if m is not None:
+        need = max(need, int(m.args[0]) if m.args else 1)
+    if need:
+        have = hardware.visible_gpu_count()
+        if have < need:
+            pytest.skip(f"needs {need} CUDA GPU{'s' if need > 1 else ''}, NVML sees {have} visible here")
+
+
+class CaseRecorder:
+    """The `moebench` fixture: measure a case, gate it against its baseline, feed pytest-benchmark."""
+
+    def __init__(self, request: pytest.FixtureRequest, benchmark) -> None:
+        self._request = request
+        self._benchmark = benchmark
+        self._state: RunState = request.config.stash[STATE]
+
+    @property
+    def hardware_key(self) -> str:
+        return self._state.hardware_key
+
+    def progress(self, message: str) -> None:
+        """A progress line on the terminal, shown even while output is captured."""
+        tr = self._request.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line(f"  [moebench] {message}", flush=True)
+
+    def ceiling(self, device: str = "cuda") -> float:
+        """This session's memory ceiling in bytes/s (a large device copy, read + write), measured once."""
+        from moebench.timing import copy_bandwidth
+
+        def measure() -> float:
+            self.progress(f"measuring the memory ceiling on {device} (large copy)")
+            return copy_bandwidth(1 << 30 if device != "cpu" else 1 << 28, device=device)[0]
+
+        return self._state.ceiling(device, measure)
+
+    def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
+               info: dict | None = None, primary: str | None = None, group: str | None = None) -> CaseResult:
+        """Measure (measure() returns name -> Metric), compare with the stored baseline, re-measure once
+        on a suspected regression, and fail this test with one line if it regressed."""
+        state = self._state
+        result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
+                              measure=measure, info=info, primary=primary, progress=self.progress)
+        self._feed_benchmark(result, group)
+        line = state.failure_line(result)
+        if line is not None:
+            pytest.fail(line, pytrace=False)
+        return result
+
+    def skip_other_hardware(self, key: str, family: str, reason: str) -> None:
+        """Skip a case that cannot run here; when a baseline for it exists on other hardware (an
+        external figure, say), its row reads ENV_MISMATCH with that figure, never compared."""
+        from moebench.baselines.store import other_hardware_entries
+
+        others = other_hardware_entries(self._state.baseline_dir, self._state.hardware_key, family, key)
+        for hw, entry in sorted(others.items()):
+            name, m = next(iter(sorted(entry.metrics.items())))
+            self._state.add_row(Row(self._request.node.nodeid, key, Verdict.ENV_MISMATCH.value, name, None, m.unit,
+                                    m.value, None, f"baseline for {hw}: {reason}"))
+        pytest.skip(reason)
+
+    def _feed_benchmark(self, result: CaseResult, group: str | None) -> None:
+        # pytest-benchmark times wall clock itself; we hand it our device-timed samples instead so that
+        # --benchmark-json/-save/-compare/-histogram show the same numbers as the gate (private API:
+        # Metadata via _make_stats, pinned in pyproject and checked in tests/test_benchmark_integration.py).
+        bm = self._benchmark
+        if bm is None or getattr(bm, "disabled", False):
+            return
+        m = result.measurement.metrics.get(result.primary) if result.primary else None
+        bm.extra_info.update({"moebench_key": result.key, "verdict": result.verdict.value,
+                              "metrics": {n: mm.value for n, mm in result.measurement.metrics.items()},
+                              "units": {n: mm.unit for n, mm in result.measurement.metrics.items()}})
+        if group:
+            bm.group = group
+        bm._mode = "moebench"  # marks the fixture used (no "fixture was not used" warning)
+        if m is None or m.unit not in _TIME_UNITS or not m.samples:
+            return
+        stats = bm._make_stats(1)
+        for s in m.samples:
+            stats.update(s * _TIME_UNITS[m.unit])
+
+
+@pytest.fixture
+def moebench(request: pytest.FixtureRequest, benchmark) -> CaseRecorder:
+    """Measure-and-gate helper for benchmark cases (see CaseRecorder.record)."""
+    return CaseRecorder(request, benchmark)
+
+
+class _TestOutcomes:
+    """Rows for tests that end without a measurement, so nothing is dropped from the table silently."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        state = self.state
+        if report.skipped and report.when in ("setup", "call"):
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            if not any(r.nodeid == report.nodeid for r in state.rows):
+                state.add_row(Row(report.nodeid, "", "SKIP", note=reason.removeprefix("Skipped: ")))
+        elif report.failed and not any(r.nodeid == report.nodeid for r in state.results):
+            msg = report.longreprtext.strip().splitlines()
+            state.add_row(Row(report.nodeid, "", "ERROR", note=(msg[-1] if msg else "failed")[:200]))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return
+    lines = config.stash[_UPDATE_LINES]
+    if config.getoption("baseline_update") or config.getoption("baseline_propose"):
+        from moebench.baselines.update import write_updates
+
+        try:
+            lines.extend(write_updates(state, propose_dir=config.getoption("baseline_propose")))
+        except (OSError, BaselineError) as e:
+            lines.append(f"moebench: baselines NOT written: {e}")
+            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+    if config.getoption("results_json"):
+        report.write_json(config.getoption("results_json"), state.results_doc())
+        lines.append(f"moebench: results written to {config.getoption('results_json')}")
+    if state.rows:
+        for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}"):
+            lines.append(f"moebench: summary written to {path}")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return
+    if state.rows:
+        terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
+        terminalreporter.write_line(report.text_table(state.rows))
+        terminalreporter.write_line(report.counts(state.rows))
+    for line in config.stash.get(_UPDATE_LINES, []):
+        terminalreporter.write_line(line)

@@ -1,0 +1,83 @@
+"""Readable output: the closing verdict table (terminal and markdown) and results JSON writing."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+from moebench.baselines.store import atomic_write_text
+from moebench.session import Row
+
+_ORDER = ["REGRESSION", "ERROR", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS", "SKIP"]
+
+
+def _fmt(x: float | None, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g} {unit}".strip()
+
+
+def _cells(r: Row) -> list[str]:
+    return [r.verdict, r.key or r.nodeid, r.metric or "-", _fmt(r.value, r.unit), _fmt(r.baseline, r.unit),
+            f"{r.delta_pct:+.1f}%" if r.delta_pct is not None else "-", r.note]
+
+
+HEADER = ["verdict", "case", "metric", "value", "baseline", "delta", "note"]
+
+
+def sorted_rows(rows: Iterable[Row]) -> list[Row]:
+    """Worst first, then by case key."""
+    return sorted(rows, key=lambda r: (_ORDER.index(r.verdict) if r.verdict in _ORDER else 0, r.key or r.nodeid))
+
+
+def text_table(rows: Iterable[Row]) -> str:
+    """A fixed-width table for the terminal."""
+    data = [HEADER] + [_cells(r) for r in sorted_rows(rows)]
+    widths = [min(max(len(row[i]) for row in data), 90) for i in range(len(HEADER))]
+    lines = []
+    for j, row in enumerate(data):
+        lines.append("  ".join(cell[:90].ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def counts(rows: Iterable[Row]) -> str:
+    """'3 PASS, 1 REGRESSION' in severity order."""
+    tally: dict[str, int] = {}
+    for r in rows:
+        tally[r.verdict] = tally.get(r.verdict, 0) + 1
+    return ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=lambda v: _ORDER.index(v) if v in _ORDER else 0))
+
+
+def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
+    """The same table as GitHub-flavoured markdown, for job summaries."""
+    rows = sorted_rows(rows)
+    out = [f"### {title}", "", counts(rows) or "no cases", "", "| " + " | ".join(HEADER) + " |",
+           "|" + "---|" * len(HEADER)]
+    for r in rows:
+        out.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
+    return "\n".join(out) + "\n"
+
+
+def write_markdown(rows: list[Row], path: str | None, title: str) -> list[str]:
+    """Write the markdown summary to `path` (atomically) and append it to $GITHUB_STEP_SUMMARY when set.
+    Returns the paths written."""
+    text = markdown_table(rows, title)
+    written = []
+    if path:
+        atomic_write_text(Path(path), text)
+        written.append(path)
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(text)
+        written.append(summary)
+    return written
+
+
+def write_json(path: str, doc: dict) -> None:
+    """Atomic, stable JSON."""
+    atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")

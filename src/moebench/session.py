@@ -1,0 +1,209 @@
+"""Run state shared by the plugin's hooks and the `moebench` fixture: baselines, results, updates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from moebench import hardware, provenance
+from moebench.baselines.compare import Comparison, Verdict, case_verdict, compare_metric, failing, one_line
+from moebench.baselines.store import BaselineSet, other_hardware_entries
+from moebench.metrics import Metric
+
+
+@dataclass
+class Measurement:
+    """What one run of a case's measure() produced."""
+
+    metrics: dict[str, Metric]
+    clocks: dict = field(default_factory=dict)
+    throttled: bool = False
+
+
+@dataclass
+class CaseResult:
+    """A case's outcome: what was measured, what it was compared with, the verdict."""
+
+    key: str
+    family: str
+    nodeid: str
+    definition: dict
+    definition_hash: str
+    measurement: Measurement
+    comparisons: dict[str, Comparison]
+    verdict: Verdict
+    info: dict = field(default_factory=dict)
+    primary: str | None = None
+    remeasured_from: Measurement | None = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        metrics = {}
+        for name, m in self.measurement.metrics.items():
+            d = m.to_json()
+            d["gated"] = m.gated
+            c = self.comparisons.get(name)
+            if c is not None:
+                d.update(verdict=c.verdict.value, baseline=c.baseline, delta_pct=c.delta_pct,
+                         noise_band=c.noise, reason=c.reason)
+            metrics[name] = d
+        out = {
+            "key": self.key, "family": self.family, "nodeid": self.nodeid, "verdict": self.verdict.value,
+            "definition": self.definition, "definition_hash": self.definition_hash, "primary": self.primary,
+            "metrics": metrics, "clocks": self.measurement.clocks, "throttled": self.measurement.throttled,
+            "info": self.info, "note": self.note,
+        }
+        if self.primary and self.measurement.metrics.get(self.primary) is not None:
+            out["samples"] = list(self.measurement.metrics[self.primary].samples)
+        if self.remeasured_from is not None:
+            out["first_measurement"] = {n: m.to_json() for n, m in self.remeasured_from.metrics.items()}
+        return out
+
+
+@dataclass
+class Row:
+    """One line of the closing table: a measured case, or a test that produced no measurement."""
+
+    nodeid: str
+    key: str
+    verdict: str
+    metric: str = ""
+    value: float | None = None
+    unit: str = ""
+    baseline: float | None = None
+    delta_pct: float | None = None
+    note: str = ""
+
+
+class RunState:
+    """Everything the run knows; one per pytest session (config.stash)."""
+
+    def __init__(self, *, baseline_dir: Path, hardware_key: str, fingerprint: dict, strict: bool,
+                 update: bool, baselines: BaselineSet, key_forced: bool):
+        self.baseline_dir = baseline_dir
+        self.hardware_key = hardware_key
+        self.fingerprint = fingerprint
+        self.strict = strict
+        self.update = update
+        self.baselines = baselines
+        self.key_forced = key_forced
+        self.results: list[CaseResult] = []
+        self.rows: list[Row] = []
+        self.started = hardware.now_iso()
+        self._ceilings: dict[str, float] = {}
+
+    # --- comparing -----------------------------------------------------------------------------
+    def env_mismatch(self, family: str) -> tuple[bool, str]:
+        """A family file recorded on other hardware than this (possible only with --hardware-key)."""
+        return hardware.same_hardware(self.baselines.fingerprint(family), self.fingerprint) if self.key_forced else (True, "")
+
+    def compare(self, family: str, key: str, def_hash: str, m: Measurement) -> tuple[dict[str, Comparison], Verdict, str]:
+        """Compare every gated metric of a measurement with the stored entry."""
+        same, why = self.env_mismatch(family)
+        entry = self.baselines.entry(family, key)
+        note = ""
+        if entry is None:
+            others = other_hardware_entries(self.baseline_dir, self.hardware_key, family, key)
+            if others:
+                note = "baseline exists only for " + ", ".join(sorted(others)) + " (not compared)"
+        elif not same:
+            note = why
+        comps: dict[str, Comparison] = {}
+        for name, metric in m.metrics.items():
+            if not metric.gated:
+                continue
+            base = entry.metrics.get(name) if entry else None
+            if entry is not None and base is None:
+                comps[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
+                continue
+            comps[name] = compare_metric(metric, base, stale=bool(entry and entry.definition_hash != def_hash),
+                                         env_mismatch=not same, throttled=m.throttled)
+        return comps, case_verdict(comps), note
+
+    def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
+               info: dict | None = None, primary: str | None = None, progress: Callable[[str], None] = lambda s: None) -> CaseResult:
+        """Measure, compare, re-measure once on a suspected regression, and keep the result."""
+        def_hash = provenance.definition_hash(definition)
+        first = self._measure(measure)
+        comps, verdict, note = self.compare(family, key, def_hash, first)
+        remeasured_from = None
+        if verdict is Verdict.REGRESSION:
+            progress(f"{key}: suspected regression, measuring once more")
+            remeasured_from = first
+            second = self._measure(measure)
+            comps, verdict, note = self.compare(family, key, def_hash, second)
+            first = second
+        if primary is None:
+            primary = next((n for n, mm in first.metrics.items() if mm.gated), next(iter(first.metrics), None))
+        result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
+                            primary, remeasured_from, note)
+        self.results.append(result)
+        self.rows.append(self._row(result))
+        return result
+
+    @staticmethod
+    def _measure(measure: Callable[[], Mapping[str, Metric]]) -> Measurement:
+        with hardware.clock_monitor() as clocks:
+            metrics = dict(measure())
+        return Measurement(metrics, clocks.to_json(), clocks.throttled)
+
+    def _row(self, r: CaseResult) -> Row:
+        # The row shows the worst metric (the one that decided the verdict), else the primary one.
+        name = r.primary
+        worst = [n for n, c in r.comparisons.items() if c.verdict is r.verdict]
+        if worst and r.verdict not in (Verdict.PASS, Verdict.NEW):
+            name = worst[0]
+        m = r.measurement.metrics.get(name) if name else None
+        c = r.comparisons.get(name) if name else None
+        return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",
+                   c.baseline if c else None, c.delta_pct if c else None, r.note or (c.reason if c else ""))
+
+    def failure_line(self, r: CaseResult) -> str | None:
+        """The one line a failing case reports, or None when the case passes the gate."""
+        if not failing(r.verdict, strict=self.strict):
+            return None
+        for name, c in r.comparisons.items():
+            if c.verdict is r.verdict:
+                return one_line(r.key, name, c, r.measurement.metrics[name].unit)
+        return f"{r.verdict.value} {r.key}"
+
+    def add_row(self, row: Row) -> None:
+        """A test that ended without a measurement (skip, error) still gets its line in the table."""
+        self.rows.append(row)
+
+    # --- shared measurements -------------------------------------------------------------------
+    def ceiling(self, device: str, measure: Callable[[], float]) -> float:
+        """The session's memory ceiling (bytes/s) for a device, measured once on first use."""
+        if device not in self._ceilings:
+            self._ceilings[device] = measure()
+        return self._ceilings[device]
+
+    @property
+    def ceilings(self) -> dict[str, float]:
+        return dict(self._ceilings)
+
+    # --- baseline updates ----------------------------------------------------------------------
+    def entries_by_family(self) -> dict[str, dict[str, dict]]:
+        """Baseline entries for the measured cases (gated metrics only), grouped by family."""
+        prov = provenance.measured(self.fingerprint)
+        out: dict[str, dict[str, dict]] = {}
+        for r in self.results:
+            metrics = {n: m.to_json() for n, m in r.measurement.metrics.items() if m.gated}
+            if not metrics:
+                continue
+            out.setdefault(r.family, {})[r.key] = {"definition_hash": r.definition_hash, "metrics": metrics,
+                                                   "provenance": prov}
+        return out
+
+    def results_doc(self) -> dict[str, Any]:
+        """The results JSON: every case with metrics, verdict, baseline, delta, noise; the fingerprint."""
+        from moebench import __version__
+
+        return {
+            "moebench_version": __version__, "commit": provenance.git_commit(), "hardware_key": self.hardware_key,
+            "fingerprint": self.fingerprint, "started": self.started, "finished": hardware.now_iso(),
+            "memory_ceiling_bytes_per_s": self.ceilings,
+            "cases": [r.to_json() for r in self.results],
+            "not_measured": [vars(row) for row in self.rows if row.value is None],
+        }
