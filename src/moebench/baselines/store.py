@@ -19,6 +19,16 @@ def dumps(doc: Mapping[str, Any]) -> str:
     return json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
 
+def _mode_for(path: Path) -> int:
+    """Permission bits for a (re)written file: the existing file's, else 0666 less the umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and os.replace: a reader (or an interrupt) sees the
     old file or the new one, never half of either; the temporary file is removed on any failure."""
@@ -29,6 +39,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates the file 0600; after os.replace that would be the mode of the baseline or
+        # results file. Keep the replaced file's mode, or for a new file the mode open() would give it.
+        os.chmod(tmp, _mode_for(path))
         os.replace(tmp, path)
     except BaseException:
         # BaseException: a KeyboardInterrupt mid-write must not leave the temporary file behind either.
