@@ -63,6 +63,9 @@ def load_file(path: Path, *, hardware_key: str | None = None, family: str | None
         text = Path(path).read_text(encoding="utf-8")
     except OSError as e:
         raise BaselineError(f"{path}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        # Not an OSError: without this a stray binary byte ended the run with an INTERNALERROR traceback.
+        raise BaselineError(f"{path}: byte {e.start}: not UTF-8 text") from None
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
