@@ -82,7 +82,8 @@ def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, fami
     """Validate a whole baseline document; returns it unchanged. `where` is the file name for messages."""
     _need(isinstance(doc, dict), where, "(top level)", "must be a JSON object")
     _need("schema_version" in doc, where, "schema_version", "missing")
-    _need(doc["schema_version"] == SCHEMA_VERSION, where, "schema_version",
+    # type() check: `true == 1` and `1.0 == 1` in Python, and neither is a version this code wrote.
+    _need(type(doc["schema_version"]) is int and doc["schema_version"] == SCHEMA_VERSION, where, "schema_version",
           f"this moebench reads version {SCHEMA_VERSION}, got {doc['schema_version']!r}")
     _need(isinstance(doc.get("hardware_key"), str), where, "hardware_key", "missing")
     if hardware_key is not None:
