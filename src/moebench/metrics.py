@@ -50,6 +50,16 @@ class Metric:
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        # Samples are raw measurements: a NaN or inf among them is a broken timer, and it also crashed
+        # pytest-benchmark's statistics at session end when fed as the primary metric's samples.
+        bad = [x for x in self.samples if not math.isfinite(x)]
+        if bad:
+            raise ValueError(f"{len(bad)} of {len(self.samples)} samples are not finite numbers (first: {bad[0]!r})")
+        # A NaN compares False both ways, so the gate read it as PASS; an update then stored it and the
+        # schema refused the file on the next run. A gated measurement that produced no number is a
+        # failure where it happens. (Informational metrics may say NaN, e.g. % of an unknown floor.)
+        if self.gated and not math.isfinite(self.value):
+            raise ValueError(f"a gated metric's value must be a finite number, got {self.value!r}")
 
     @classmethod
     def from_samples(
