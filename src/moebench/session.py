@@ -8,6 +8,7 @@ from typing import Any, Callable, Mapping
 
 from moebench import hardware, provenance
 from moebench.baselines.compare import Comparison, Verdict, case_verdict, compare_metric, failing, one_line
+from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
 
@@ -124,6 +125,11 @@ class RunState:
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, progress: Callable[[str], None] = lambda s: None) -> CaseResult:
         """Measure, compare, re-measure once on a suspected regression, and keep the result."""
+        if family not in FAMILIES:
+            # Checked before measuring: an unknown family used to be measured and, under
+            # --baseline-update, written to <family>.json, which the schema then refused on every
+            # later run (a usage error for the whole suite, caused by the harness's own write).
+            raise ValueError(f"{key}: family must be one of {FAMILIES}, got {family!r}")
         def_hash = provenance.definition_hash(definition)
         first = self._measure(measure)
         comps, verdict, note = self.compare(family, key, def_hash, first)
