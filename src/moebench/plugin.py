@@ -179,7 +179,12 @@ class CaseRecorder:
         # --benchmark-json/-save/-compare/-histogram show the same numbers as the gate (private API:
         # Metadata via _make_stats, pinned in pyproject and checked in tests/test_benchmark_integration.py).
         bm = self._benchmark
-        if bm is None or getattr(bm, "disabled", False):
+        if bm is None:
+            return
+        # Marks the fixture used (no "fixture was not used" warning), also under --benchmark-disable,
+        # where the early return below used to skip it and every moebench test warned.
+        bm._mode = "moebench"
+        if getattr(bm, "disabled", False):
             return
         m = result.measurement.metrics.get(result.primary) if result.primary else None
         bm.extra_info.update({"moebench_key": result.key, "verdict": result.verdict.value,
@@ -187,7 +192,6 @@ class CaseRecorder:
                               "units": {n: mm.unit for n, mm in result.measurement.metrics.items()}})
         if group:
             bm.group = group
-        bm._mode = "moebench"  # marks the fixture used (no "fixture was not used" warning)
         if m is None or m.unit not in _TIME_UNITS or not m.samples:
             return
         stats = bm._make_stats(1)
