@@ -6,6 +6,7 @@ and report.py (tables, JSON).
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Callable, Mapping
@@ -135,8 +136,14 @@ class CaseRecorder:
 
     def progress(self, message: str) -> None:
         """A progress line on the terminal, shown even while output is captured."""
-        tr = self._request.config.pluginmanager.get_plugin("terminalreporter")
-        if tr is not None:
+        pm = self._request.config.pluginmanager
+        tr = pm.get_plugin("terminalreporter")
+        if tr is None:
+            return
+        # The terminal reporter writes to sys.stdout, which pytest captures during a test: without
+        # suspending capture the line only showed up later under "Captured stdout call".
+        capman = pm.get_plugin("capturemanager")
+        with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
             tr.write_line(f"  [moebench] {message}", flush=True)
 
     def ceiling(self, device: str = "cuda") -> float:
