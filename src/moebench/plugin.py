@@ -235,7 +235,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state is None:
         return
     lines = config.stash[_UPDATE_LINES]
-    if config.getoption("baseline_update") or config.getoption("baseline_propose"):
+    if (config.getoption("baseline_update") or config.getoption("baseline_propose")) and \
+            exitstatus == pytest.ExitCode.INTERRUPTED:
+        # An interrupted update (Ctrl-C, a KeyboardInterrupt from a measurement) used to write the
+        # cases measured so far; the files stayed valid, but a half-finished selection landed in the
+        # committed baselines. An update is all of the selected cases or nothing.
+        lines.append("moebench: run interrupted: baselines NOT written")
+    elif config.getoption("baseline_update") or config.getoption("baseline_propose"):
         from moebench.baselines.update import write_updates
 
         try:
