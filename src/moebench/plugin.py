@@ -77,6 +77,14 @@ def pytest_configure(config: pytest.Config) -> None:
             check_writable(root / key)
         if config.getoption("baseline_propose"):
             check_writable(Path(config.getoption("baseline_propose")))
+        # Checked now, not after an hour of measuring: an unwritable report path used to surface only
+        # at session end, as an INTERNALERROR traceback after every measurement was taken.
+        for opt in ("results_json", "summary_md"):
+            out = config.getoption(opt)
+            if out:
+                check_writable(Path(out).parent, f"folder of --{opt.replace('_', '-')} {out}")
+                if Path(out).is_dir():
+                    raise BaselineError(f"--{opt.replace('_', '-')} {out}: is a folder, not a file")
     except BaselineError as e:
         raise pytest.UsageError(f"moebench: {e}") from None
     config.stash[STATE] = RunState(baseline_dir=root, hardware_key=key, fingerprint=fp,
@@ -249,12 +257,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         except (OSError, BaselineError) as e:
             lines.append(f"moebench: baselines NOT written: {e}")
             session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-    if config.getoption("results_json"):
-        report.write_json(config.getoption("results_json"), state.results_doc())
-        lines.append(f"moebench: results written to {config.getoption('results_json')}")
-    if state.rows:
-        for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}"):
-            lines.append(f"moebench: summary written to {path}")
+    try:
+        if config.getoption("results_json"):
+            report.write_json(config.getoption("results_json"), state.results_doc())
+            lines.append(f"moebench: results written to {config.getoption('results_json')}")
+        if state.rows:
+            for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}"):
+                lines.append(f"moebench: summary written to {path}")
+    except OSError as e:
+        # e.g. $GITHUB_STEP_SUMMARY pointing somewhere unwritable: one line, not an INTERNALERROR.
+        lines.append(f"moebench: report NOT written: {e}")
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:

@@ -181,11 +181,11 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
     return out, changes
 
 
-def check_writable(folder: Path) -> None:
-    """Raise BaselineError naming the folder when baselines could not be written there."""
+def check_writable(folder: Path, what: str = "baseline folder") -> None:
+    """Raise BaselineError naming the folder when files could not be written there."""
     folder = Path(folder)
     probe_dir = folder
     while not probe_dir.exists():
         probe_dir = probe_dir.parent
     if not os.access(probe_dir, os.W_OK | os.X_OK) or not probe_dir.is_dir():
-        raise BaselineError(f"{folder}: baseline folder is not writable")
+        raise BaselineError(f"{folder}: {what} is not writable")
