@@ -1,0 +1,84 @@
+"""The expert GEMM family: per-expert grouped GEMMs of MoE decode, every backend side by side.
+
+Cases come from moebench.gemm.cases (model preset x op x M x dtype x routing x backend). The default
+selection is what one H200 runs in about ten minutes; `-m full` opens the whole product. Backends are
+selected by marker: `-m "gemm and (triton or vllm_triton)"`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from moebench.gemm.backends import BACKENDS
+from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
+from moebench.plugin import marker_names_in
+
+pytestmark = pytest.mark.gemm
+
+
+def _marks(case: GemmCase) -> list:
+    marks = [getattr(pytest.mark, case.backend)]
+    if BACKENDS[case.backend].gpu_only:
+        marks.append(pytest.mark.gpu)
+    if case.model == "tiny":
+        marks.append(pytest.mark.tiny)
+    if not is_default(case):
+        marks.append(pytest.mark.full)
+    return marks
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" not in metafunc.fixturenames:
+        return
+    # The full product is ~10^4 cases: generated only when -m asks for `full`, so that collecting the
+    # default selection stays fast.
+    full = "full" in marker_names_in(metafunc.config.getoption("markexpr", default="") or "")
+    cases = [c for c in ALL_CASES if c.backend in BACKENDS and BACKENDS[c.backend].supports(c) and (full or is_default(c))]
+    metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in cases])
+
+
+@functools.lru_cache(maxsize=1)
+def _device() -> tuple[str, tuple[int, int] | None, int | None]:
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu", None, None
+    p = torch.cuda.get_device_properties(0)
+    return "cuda", (p.major, p.minor), getattr(p, "L2_cache_size", None)
+
+
+@functools.lru_cache(maxsize=1)
+def _workload(shape_case: GemmCase, device: str):
+    # Keyed by the shape (backend axis fixed) so all backends of one shape share inputs and routings.
+    from moebench.gemm.workload import Workload
+
+    return Workload(shape_case, device)
+
+
+def test_gemm(case: GemmCase, moebench, request):
+    from moebench.gemm import runner
+
+    device, cc, l2 = _device()
+    backend = BACKENDS[case.backend]
+    why = backend.unavailable(case, device, cc)
+    if why:
+        pytest.skip(why)
+    if device == "cpu" and case.model != "tiny" and "full" not in marker_names_in(request.config.getoption("markexpr") or ""):
+        pytest.skip(f"{case.model} weights are GBs: on a CPU box only the tiny preset runs by default (-m full runs it)")
+    moebench.progress(f"{case.key}: building")
+    wl = _workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device)
+    built = backend.build(case, wl)
+    checked = runner.check(built, wl)  # correct first: a fast wrong kernel is a regression
+    ceiling = moebench.ceiling(device)
+    info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
+            **built.info}
+
+    def measure():
+        metrics, extra = runner.measure(built, wl, ceiling=ceiling, l2_bytes=l2)
+        info.update(extra)
+        return metrics
+
+    moebench.record(case.key, "gemm", case.definition(), measure, info=info,
+                    primary="wall_us" if device == "cpu" else "graph_us", group=case.shape_id)

@@ -1,0 +1,102 @@
+"""Expert GEMM cases: frozen records built from named axes, with deterministic ids and the default
+selection (the rest is marked `full`)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict, dataclass
+
+from moebench.gemm.presets import PRESETS
+from moebench.gemm.routing import ROUTINGS
+
+OPS = ("expert", "gemm1", "gemm2", "fused")
+M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512)
+# Weight formats. fp8 is w8a8 (activations quantized on the fly); int4 and nvfp4 are weight-only (a16).
+DTYPES = ("bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128", "nvfp4")
+BACKENDS = ("torch_loop", "torch_bmm", "torch_grouped_mm", "triton", "vllm_triton", "vllm_marlin", "flashinfer_cutlass")
+ROTATIONS = 16  # distinct routings and inputs per CUDA graph (see workload.py on the L2 trap)
+
+
+@dataclass(frozen=True)
+class GemmCase:
+    """One (shape, op, M, dtype, routing, backend) point."""
+
+    model: str
+    tp: int
+    op: str
+    m: int
+    dtype: str
+    routing: str
+    backend: str
+
+    @property
+    def preset(self):
+        return PRESETS[self.model]
+
+    @property
+    def intermediate(self) -> int:
+        return self.preset.intermediate_per_rank(self.tp)
+
+    @property
+    def shape_id(self) -> str:
+        """Everything but the backend: all backends of one shape share it (pytest-benchmark group)."""
+        return f"{self.model}-tp{self.tp}-{self.op}-m{self.m}-{self.dtype}-{self.routing}"
+
+    @property
+    def id(self) -> str:
+        return f"{self.shape_id}-{self.backend}"
+
+    @property
+    def key(self) -> str:
+        """The baseline key: the id rendered from the axes, never a file path."""
+        return f"gemm[{self.id}]"
+
+    def definition(self) -> dict:
+        """What shapes the measurement: axes, derived sizes, rotations, seed."""
+        p = self.preset
+        return {**asdict(self), "hidden": p.hidden, "intermediate": self.intermediate, "experts": p.experts,
+                "topk": p.topk, "rotations": ROTATIONS, "seed": self.seed}
+
+    @property
+    def seed(self) -> int:
+        # Derived from the shape (not the backend) so every backend of a shape sees the same data.
+        return sum(ord(c) * (i + 1) for i, c in enumerate(self.shape_id)) % (2**31)
+
+
+def _all_cases():
+    for model, op, m, dtype, routing, backend in itertools.product(PRESETS, OPS, M_VALUES, DTYPES, ROUTINGS, BACKENDS):
+        yield GemmCase(model, 8, op, m, dtype, routing, backend)
+
+
+# The default selection: what a nightly run on one H200 finishes in about ten minutes, and what
+# answers the users' questions (the headline Kimi shape for every backend, the three models' fused MoE
+# for the fast backends, each quantized format on the backends that take it). Everything else is `full`.
+_DECODE_M = (1, 2, 4, 8, 16)
+
+
+def is_default(c: GemmCase) -> bool:
+    """Whether a case is in the default selection (the rest carries the `full` marker)."""
+    if c.model == "tiny":
+        return c.routing == "decode" and c.m in (1, 4, 16) and c.dtype in ("bf16", "int4-g32", "fp8-block128") and (
+            c.dtype == "bf16" or c.op == "fused")
+    if c.routing != "decode":
+        return c.model == "kimi-k2.5" and c.op == "fused" and c.m == 128 and c.dtype == "bf16" and c.backend in (
+            "triton", "vllm_triton")
+    if c.model == "kimi-k2.5" and c.dtype == "bf16":
+        if c.op == "fused":
+            return c.m in (*_DECODE_M, 32, 128, 512)
+        return c.backend in ("torch_loop", "torch_bmm", "torch_grouped_mm", "triton") and c.m in (1, 4, 16, 128)
+    if c.op != "fused":
+        return False
+    if c.dtype == "bf16":
+        return c.model == "deepseek-v3" and c.m in (*_DECODE_M, 128) or c.model == "glm-5" and c.m in (1, 16, 128)
+    if c.dtype == "int4-g32":
+        return c.model == "kimi-k2.5" and c.m in (1, 4, 16, 128)
+    if c.dtype == "fp8-block128":
+        return c.model == "deepseek-v3" and c.m in (1, 4, 16, 128)
+    if c.dtype == "nvfp4":
+        return c.model == "glm-5" and c.m in (1, 16)
+    return False
+
+
+ALL_CASES: tuple[GemmCase, ...] = tuple(_all_cases())

@@ -1,0 +1,95 @@
+"""Canonical quantized weights: the integer/fp8 values and scales every backend repacks from.
+
+The correctness reference for a quantized case uses the dequantized weights, so a check measures the
+kernel, not the format's rounding (fp8 w8a8 also rounds activations: its bound is looser).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FP8_MAX = 448.0  # float8_e4m3fn
+# e2m1 (nvfp4) magnitudes by 3-bit code; the 4th bit is the sign.
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+@dataclass
+class QuantWeight:
+    """One expert-stacked weight [E, N, K] in a quantized format.
+
+    fmt: the case dtype ("int4-g32", "fp8-block128", ...).
+    q: int4: int8 values in [-8, 7]; fp8: float8_e4m3fn; nvfp4: uint8 codes 0..15 (sign bit 3).
+    scale: int4: [E, N, K // group] float32; fp8-tensor: [E] float32; fp8-block128: [E, N/128, K/128]
+      float32; nvfp4: block scales [E, N, K // 16] as float8_e4m3fn.
+    global_scale: nvfp4 only, [E] float32 (dequant = e2m1 * block_scale * global_scale).
+    """
+
+    fmt: str
+    q: object
+    scale: object
+    global_scale: object = None
+
+    @property
+    def group(self) -> int | None:
+        if self.fmt.startswith("int4-g"):
+            return int(self.fmt.removeprefix("int4-g"))
+        return {"fp8-block128": 128, "nvfp4": 16}.get(self.fmt)
+
+    def dequantize(self):
+        """float32 [E, N, K]."""
+        import torch
+
+        E, N, K = self.q.shape
+        if self.fmt.startswith("int4"):
+            g = self.group
+            return (self.q.float().view(E, N, K // g, g) * self.scale.float().unsqueeze(-1)).view(E, N, K)
+        if self.fmt == "fp8-tensor":
+            return self.q.float() * self.scale.float().view(E, 1, 1)
+        if self.fmt == "fp8-block128":
+            s = self.scale.float().repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :N, :K]
+            return self.q.float() * s
+        if self.fmt == "nvfp4":
+            table = torch.tensor(E2M1_VALUES, device=self.q.device)
+            mag = table[(self.q & 7).long()]
+            val = torch.where((self.q & 8) != 0, -mag, mag)
+            s = self.scale.float().repeat_interleave(16, 2) * self.global_scale.float().view(E, 1, 1)
+            return val * s
+        raise ValueError(f"unknown format {self.fmt!r}")
+
+
+def quantize(w, fmt: str) -> QuantWeight:
+    """Quantize float weights [E, N, K] (any float dtype, any device) into a canonical QuantWeight."""
+    import torch
+
+    w = w.float()
+    E, N, K = w.shape
+    if fmt.startswith("int4-g"):
+        g = int(fmt.removeprefix("int4-g"))
+        wg = w.view(E, N, K // g, g)
+        scale = (wg.abs().amax(-1) / 7.0).clamp_min(1e-8)  # symmetric, Kimi-K2.5's style
+        q = torch.round(wg / scale.unsqueeze(-1)).clamp(-8, 7).to(torch.int8).view(E, N, K)
+        return QuantWeight(fmt, q, scale)
+    if fmt == "fp8-tensor":
+        scale = (w.abs().amax(dim=(1, 2)) / FP8_MAX).clamp_min(1e-12)
+        q = (w / scale.view(E, 1, 1)).to(torch.float8_e4m3fn)
+        return QuantWeight(fmt, q, scale)
+    if fmt == "fp8-block128":
+        nb, kb = -(-N // 128), -(-K // 128)
+        pad = torch.zeros(E, nb * 128, kb * 128, device=w.device)
+        pad[:, :N, :K] = w
+        blocks = pad.view(E, nb, 128, kb, 128)
+        scale = (blocks.abs().amax(dim=(2, 4)) / FP8_MAX).clamp_min(1e-12)
+        q = (blocks / scale[:, :, None, :, None]).view(E, nb * 128, kb * 128)[:, :N, :K].to(torch.float8_e4m3fn)
+        return QuantWeight(fmt, q.contiguous(), scale)
+    if fmt == "nvfp4":
+        global_scale = (w.abs().amax(dim=(1, 2)) / (6.0 * FP8_MAX)).clamp_min(1e-12)
+        wb = w.view(E, N, K // 16, 16) / global_scale.view(E, 1, 1, 1)
+        block = (wb.abs().amax(-1) / 6.0).clamp_min(1e-12).to(torch.float8_e4m3fn)
+        table = torch.tensor(E2M1_VALUES, device=w.device)
+        q = torch.empty(E, N, K, dtype=torch.uint8, device=w.device)
+        for e in range(E):  # one expert at a time: the nearest-code search is 8x the weight in memory
+            x = wb[e] / block[e].float().unsqueeze(-1)
+            code = (x.abs().unsqueeze(-1) - table).abs().argmin(-1)
+            q[e] = (code | ((x < 0).long() << 3)).to(torch.uint8).view(N, K)
+        return QuantWeight(fmt, q, block, global_scale)
+    raise ValueError(f"unknown format {fmt!r}")
