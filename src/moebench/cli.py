@@ -1,0 +1,462 @@
+"""The `moebench` command: what is not a test run.
+
+    moebench compare A.json B.json            two runs side by side; exit 1 on a regression
+    moebench backends RESULTS.json            MoE backends side by side per shape
+    moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
+    moebench report RESULTS... --out DIR      trend plots per case and an index page
+
+Exit codes: 0 fine, 1 the comparison found what --fail-on names (a regression by default), 2 bad input
+(a malformed file, an unknown case, an unknown option value), reported in one line without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from moebench.baselines.compare import Verdict
+from moebench.baselines.schema import BaselineError, validate_file
+from moebench.baselines.store import BaselineSet, atomic_write_text, dumps, family_path, load_file, merge_entries
+from moebench.runs import MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, load_run, load_runs, parse_run
+
+EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
+_ORDER = ["REGRESSION", MISSING, "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS"]
+VERDICT_NAMES = [v.value for v in Verdict] + [MISSING]
+
+
+class CliError(Exception):
+    """Bad input: printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with usage errors on one line (and a pointer to --help) instead of usage + error."""
+
+    def error(self, message: str):  # noqa: D102 (argparse API)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# --- small output helpers -----------------------------------------------------------------------
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """A fixed-width text table; columns listed in `right` are right-aligned (numbers)."""
+    data = [list(header)] + [list(r) for r in rows]
+    widths = [max(len(r[i]) for r in data) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+
+    return "\n".join([line(data[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in data[1:]])
+
+
+def _num(x: float | None, unit: str = "") -> str:
+    return "-" if x is None else f"{x:.4g} {unit}".strip()
+
+
+def _pct(x: float | None, signed: bool = False) -> str:
+    return "-" if x is None else (f"{x:+.1f}%" if signed else f"{x:.1f}%")
+
+
+def _tally(verdicts: Sequence[str]) -> str:
+    counts: dict[str, int] = {}
+    for v in verdicts:
+        counts[v] = counts.get(v, 0) + 1
+    order = sorted(counts, key=lambda v: _ORDER.index(v) if v in _ORDER else len(_ORDER))
+    return ", ".join(f"{counts[v]} {v}" for v in order) or "no cases"
+
+
+def _matcher(patterns: Sequence[str] | None) -> Callable[[str], bool] | None:
+    if not patterns:
+        return None
+    return lambda key: any(key == p or fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def _check_patterns(patterns: Sequence[str] | None, keys: Sequence[str], where: str) -> None:
+    """Every --case pattern must name at least one case: a typo is an error, not an empty result."""
+    for p in patterns or ():
+        if not any(k == p or fnmatch.fnmatchcase(k, p) for k in keys):
+            near = [k for k in keys if p.strip("*[]").lower() in k.lower()][:3]
+            hint = f" (did you mean {', '.join(near)}?)" if near else ""
+            raise CliError(f"--case {p!r}: no such case in {where}{hint}")
+
+
+# --- compare ------------------------------------------------------------------------------------
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Two runs side by side with the gate's verdict per case."""
+    a, b = load_run(args.a), load_run(args.b)
+    deltas = compare_runs(a, b, ignore_hardware=args.ignore_hardware)
+    keep = _matcher(args.case)
+    _check_patterns(args.case, [d.key for d in deltas], f"{args.a} or {args.b}")
+    deltas = [d for d in deltas if keep is None or keep(d.key)]
+    deltas.sort(key=lambda d: (_ORDER.index(d.verdict) if d.verdict in _ORDER else 0, d.key))
+    print(f"reference  {a.path}: {a.hardware_key}, {a.label}")
+    print(f"candidate  {b.path}: {b.hardware_key}, {b.label}")
+    if a.hardware_key != b.hardware_key and not args.ignore_hardware:
+        print("(different hardware keys: not compared, ENV_MISMATCH; --ignore-hardware compares anyway)")
+    print()
+    rows = []
+    for d in deltas:
+        c = d.comparison
+        note = c.reason if c and c.verdict is not Verdict.PASS else ""
+        if d.verdict == MISSING:
+            note = "in the reference run only"
+        rows.append([d.verdict, d.key, d.metric or "-", _num(d.before, d.unit), _num(d.after, d.unit),
+                     _pct(d.delta_pct, signed=True), _pct(100 * c.rel_tol if c and c.rel_tol is not None else None),
+                     _pct(100 * c.noise if c and c.noise is not None else None), note])
+    print(table(["verdict", "case", "metric", "reference", "candidate", "delta", "tolerance", "noise band", "note"],
+                rows, right=(3, 4, 5, 6, 7)))
+    print()
+    print(_tally([d.verdict for d in deltas]))
+    failing = [d for d in deltas if d.verdict in args.fail_on]
+    if failing:
+        print(f"{len(failing)} case{'s' if len(failing) != 1 else ''} {'/'.join(args.fail_on)}: exit 1")
+        return EXIT_FOUND
+    return EXIT_OK
+
+
+# --- backends -----------------------------------------------------------------------------------
+
+def cmd_backends(args: argparse.Namespace) -> int:
+    """Backends side by side per shape: value, speedup against the reference backend, % of the floor."""
+    run = load_run(args.results)
+    reference = args.reference
+    if reference is None:
+        present = {c.backend for c in run.cases.values() if c.backend}
+        reference = "vllm_triton" if "vllm_triton" in present else None
+    backends, groups, metric = backend_matrix(run, reference=reference, metric=args.metric,
+                                              floor_metric=args.floor_metric, family=args.family)
+    if reference is None:
+        reference = backends[0]
+        backends, groups, metric = backend_matrix(run, reference=reference, metric=args.metric,
+                                                  floor_metric=args.floor_metric, family=args.family)
+    print(f"{run.path}: {run.hardware_key}, {run.label}")
+    print(f"metric {metric}; speedup = times faster than {reference} on the same shape; "
+          f"% = {args.floor_metric} (100% = at the memory floor)")
+    print()
+    rows = []
+    for g in sorted(groups):
+        cells = [g]
+        for b in backends:
+            c = groups[g].get(b)
+            if c is None:
+                cells.append("-")
+                continue
+            parts = [_num(c.value, c.unit)]
+            parts.append(f"{c.speedup:.2f}x" if c.speedup is not None else "  -  ")
+            if c.pct_of_floor is not None:
+                parts.append(f"{c.pct_of_floor:.0f}%")
+            if c.verdict not in ("PASS", "NEW"):
+                parts.append(c.verdict)
+            cells.append("  ".join(parts))
+        rows.append(cells)
+    print(table(["shape"] + [b + (" (ref)" if b == reference else "") for b in backends], rows,
+                right=tuple(range(1, len(backends) + 1))))
+    return EXIT_OK
+
+
+# --- baselines ----------------------------------------------------------------------------------
+
+def _baseline_files(path: Path) -> list[Path]:
+    """A baseline file, a hardware folder (<family>.json) or a root (<hardware-key>/<family>.json)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise CliError(f"{path}: no such file or folder")
+    files = sorted(path.glob("*.json")) or sorted(path.glob("*/*.json"))
+    if not files:
+        raise CliError(f"{path}: no baseline files (<family>.json or <hardware-key>/<family>.json) in this folder")
+    return files
+
+
+def _entries(path: Path) -> dict[tuple[str, str, str], dict]:
+    """(hardware key, family, case key) -> stored entry, over every baseline file under `path`."""
+    out = {}
+    for f in _baseline_files(path):
+        doc = load_file(f)
+        for key, entry in doc["entries"].items():
+            out[(doc["hardware_key"], doc["family"], key)] = entry
+    return out
+
+
+def _provenance(p: dict) -> str:
+    if p.get("kind") == "external":
+        return f"external: {p.get('source', '?')} ({p.get('date', '?')[:10]})"
+    return f"measured {str(p.get('commit', '?'))[:10]} {str(p.get('date', '?'))[:10]}"
+
+
+def _machine(fp: dict) -> str:
+    gpus = fp.get("gpus") or []
+    what = f"{len(gpus)} x {gpus[0].get('name')}" if gpus else f"CPU {fp.get('cpu', {}).get('model', '?')}"
+    versions = ", ".join(f"{k} {v}" for k, v in sorted((fp.get("versions") or {}).items()) if v and k in ("torch", "triton", "vllm", "sglang"))
+    driver = f", driver {fp['driver']}" if fp.get("driver") else ""
+    return what + driver + (f"; {versions}" if versions else "")
+
+
+def cmd_baselines_show(args: argparse.Namespace) -> int:
+    """A table of the entries of baseline files, each file introduced by its header."""
+    keep = _matcher(args.case)
+    files = _baseline_files(Path(args.path))
+    docs = [(f, load_file(f)) for f in files]
+    _check_patterns(args.case, [k for _, d in docs for k in d["entries"]], args.path)
+    for f, doc in docs:
+        keys = [k for k in sorted(doc["entries"]) if keep is None or keep(k)]
+        if keep is not None and not keys:
+            continue
+        print(f"{f}: {doc['hardware_key']} / {doc['family']}, {len(doc['entries'])} entries, schema {doc['schema_version']}, "
+              f"created {doc.get('created', '?')}, updated {doc.get('updated', '?')}")
+        print(f"  recorded on {_machine(doc['fingerprint'])}")
+        rows = []
+        for k in keys:
+            e = doc["entries"][k]
+            for name, m in sorted(e["metrics"].items()):
+                rows.append([k, name, _num(m["value"], m["unit"]), m["direction"], _pct(100 * m["rel_tol"]),
+                             _pct(100 * m["noise"]), str(m["n"]), _provenance(e["provenance"])])
+        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "n", "provenance"], rows, right=(2, 4, 5, 6)))
+        print()
+    return EXIT_OK
+
+
+def cmd_baselines_diff(args: argparse.Namespace) -> int:
+    """What changed between two baseline files or folders, entry by entry and metric by metric."""
+    a, b = _entries(Path(args.a)), _entries(Path(args.b))
+    lines, unchanged = [], 0
+    for k in sorted(set(a) | set(b)):
+        hw, fam, key = k
+        where = f"{hw}/{fam} {key}"
+        if k not in a:
+            ms = ", ".join(f"{n} {_num(m['value'], m['unit'])}" for n, m in sorted(b[k]["metrics"].items()))
+            lines.append(f"+ {where}: {ms} ({_provenance(b[k]['provenance'])})")
+            continue
+        if k not in b:
+            lines.append(f"- {where}")
+            continue
+        ea, eb = a[k], b[k]
+        changes = []
+        for n in sorted(set(ea["metrics"]) | set(eb["metrics"])):
+            ma, mb = ea["metrics"].get(n), eb["metrics"].get(n)
+            if ma is None:
+                changes.append(f"{n} added {_num(mb['value'], mb['unit'])}")
+            elif mb is None:
+                changes.append(f"{n} removed")
+            else:
+                if ma["value"] != mb["value"]:
+                    pct = 100 * (mb["value"] - ma["value"]) / ma["value"] if ma["value"] else None
+                    changes.append(f"{n} {_num(ma['value'])} -> {_num(mb['value'], mb['unit'])} ({_pct(pct, True)})")
+                for field in ("rel_tol", "direction", "unit"):
+                    if ma[field] != mb[field]:
+                        changes.append(f"{n} {field} {ma[field]} -> {mb[field]}")
+        if ea["definition_hash"] != eb["definition_hash"]:
+            changes.append("case definition changed")
+        if ea["provenance"] != eb["provenance"] and changes:
+            changes.append(f"now {_provenance(eb['provenance'])}")
+        if changes:
+            lines.append(f"~ {where}: " + "; ".join(changes))
+        else:
+            unchanged += 1
+    for line in lines:
+        print(line)
+    added = sum(1 for line in lines if line.startswith("+"))
+    removed = sum(1 for line in lines if line.startswith("-"))
+    print(f"{added} added, {removed} removed, {len(lines) - added - removed} changed, {unchanged} unchanged")
+    return EXIT_FOUND if args.exit_code and lines else EXIT_OK
+
+
+def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
+    """(hardware key, family, fingerprint, {key: entry}, source note) from a results file, a proposed
+    baseline file, or a folder of them (--baseline-propose DIR)."""
+    if path.is_dir():
+        files = sorted(path.glob("*.json")) + sorted(path.glob("*/*.json"))
+        if not files:
+            raise CliError(f"{path}: no proposed baseline files (<hardware-key>/<family>.json) in this folder")
+        return [s for f in files for s in _promotion_source(f)]
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CliError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    except json.JSONDecodeError as e:
+        raise CliError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    if isinstance(doc, dict) and "schema_version" in doc:
+        validate_file(doc, str(path))
+        return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
+    run = parse_run(doc, str(path))
+    verdicts = {k: c.verdict for k, c in run.cases.items()}
+    return [(run.hardware_key, fam, run.fingerprint,
+             {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}")
+            for fam, entries in sorted(baseline_entries(run).items())]
+
+
+def cmd_baselines_promote(args: argparse.Namespace) -> int:
+    """Write the selected cases of a reviewed run (or of proposed baselines) into the baseline folder.
+    Every target file is merged and validated before any is written; each write is atomic."""
+    from moebench.hardware import now_iso
+
+    sources = _promotion_source(Path(args.source))
+    all_keys = [k for *_, entries, _ in sources for k in entries]
+    if not all_keys:
+        raise CliError(f"{args.source}: no case with gated metrics to promote")
+    _check_patterns(args.case, all_keys, args.source)
+    keep = _matcher(args.case) if not args.all else (lambda k: True)
+    root = Path(args.baseline_dir)
+    now = now_iso()
+    plans = []  # (path, new document, change lines, notes)
+    for hw, fam, fp, entries, note in sources:
+        chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
+        if not chosen:
+            continue
+        notes = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
+                 for k, e in sorted(entries.items()) if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
+        path = family_path(root, hw, fam)
+        current = load_file(path, hardware_key=hw, family=fam) if path.exists() else None
+        doc, changes = merge_entries(current, hw, fam, fp, now, chosen)
+        validate_file(doc, str(path), hardware_key=hw, family=fam)
+        plans.append((path, doc, changes, notes, note, len(chosen)))
+    verb = "would promote" if args.dry_run else "promoted"
+    for path, doc, changes, notes, note, n in plans:
+        if not args.dry_run and changes:
+            atomic_write_text(path, dumps(doc))
+        print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {path}: "
+              f"{len(changes)} change{'s' if len(changes) != 1 else ''}")
+        for line in changes + notes:
+            print(line)
+    return EXIT_OK
+
+
+# --- report -------------------------------------------------------------------------------------
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Trend plots per case over the runs, and index.html + index.md listing the latest verdicts."""
+    from moebench import plots
+
+    try:
+        plots.require_matplotlib()
+    except plots.PlotsUnavailable as e:
+        raise CliError(str(e)) from None
+    runs = load_runs(args.results)
+    _check_patterns(args.case, sorted({k for r in runs for k in r.cases}), " or ".join(args.results))
+    if args.metric and not any(args.metric in c.metrics for r in runs for c in r.cases.values()):
+        raise CliError(f"--metric {args.metric!r}: no case in the given runs has this metric")
+    baselines = None
+    if args.baseline_dir:
+        root = Path(args.baseline_dir)
+        if not root.is_dir():
+            raise CliError(f"--baseline-dir {args.baseline_dir}: no such folder")
+        baselines = {hw: BaselineSet.load(root, hw) for hw in {r.hardware_key for r in runs}}
+    rows, written = plots.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
+                                       case_filter=_matcher(args.case))
+    pngs = [p for p in written if p.suffix == ".png"]
+    print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
+                [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
+                right=(3, 4, 5, 6)))
+    print()
+    print(f"{len(pngs)} plot{'s' if len(pngs) != 1 else ''} from {len(runs)} run{'s' if len(runs) != 1 else ''} "
+          f"in {Path(args.out) / 'plots'}; index: {Path(args.out) / 'index.html'}, {Path(args.out) / 'index.md'}")
+    return EXIT_OK
+
+
+# --- the parser ---------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of `moebench` (exposed for tests and docs)."""
+    def fmt(prog: str) -> argparse.HelpFormatter:
+        return argparse.RawDescriptionHelpFormatter(prog, max_help_position=32)
+
+    p = _Parser(prog="moebench", formatter_class=fmt,
+                description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
+                epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
+                       "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
+                       description="Compare a candidate run with a reference run, case by case, with the gate's own "
+                                   "verdict (the reference's rel_tol and the larger noise of the two).",
+                       epilog="example: moebench compare out/last-night/results.json out/tonight/results.json")
+    c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json)")
+    c.add_argument("b", metavar="CANDIDATE.json", help="results file of the run under test")
+    c.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    c.add_argument("--fail-on", nargs="+", default=["REGRESSION"], choices=VERDICT_NAMES, metavar="VERDICT",
+                   help=f"verdicts that make the exit code 1 (default: REGRESSION; choices: {', '.join(VERDICT_NAMES)})")
+    c.add_argument("--ignore-hardware", action="store_true",
+                   help="compare runs of different hardware keys (otherwise ENV_MISMATCH, not compared)")
+    c.set_defaults(func=cmd_compare)
+
+    b = sub.add_parser("backends", formatter_class=fmt, help="MoE backends side by side per shape",
+                       description="One row per shape group, one column per backend: the metric's value, the "
+                                   "speedup against the reference backend and the %% of the memory floor.\n"
+                                   "Reads info.backend of each case, and groups by the case's group, info.group, "
+                                   "info.shape, or the key without its backend token.",
+                       epilog="example: moebench backends out/results.json --reference vllm_triton --metric graph_us")
+    b.add_argument("results", metavar="RESULTS.json", help="results file of a run with several backends")
+    b.add_argument("--reference", metavar="BACKEND",
+                   help="backend the speedups are against (default: vllm_triton when present, else the first)")
+    b.add_argument("--metric", metavar="NAME", help="metric to put side by side (default: each case's primary)")
+    b.add_argument("--floor-metric", default="pct_of_floor", metavar="NAME",
+                   help="metric giving the %% of the floor (default: pct_of_floor)")
+    b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")
+    b.set_defaults(func=cmd_backends)
+
+    bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff or promote baseline files",
+                        description="Baseline files: baselines/<hardware-key>/<family>.json.")
+    bsub = bl.add_subparsers(dest="baselines_command", metavar="ACTION", required=True)
+    s = bsub.add_parser("show", formatter_class=fmt, help="a table of a baseline file or folder, with provenance")
+    s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
+    s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    s.set_defaults(func=cmd_baselines_show)
+    d = bsub.add_parser("diff", formatter_class=fmt, help="what changed between two baseline files or folders")
+    d.add_argument("a", metavar="OLD", help="baseline file or folder")
+    d.add_argument("b", metavar="NEW", help="baseline file or folder")
+    d.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff --exit-code)")
+    d.set_defaults(func=cmd_baselines_diff)
+    pr = bsub.add_parser("promote", formatter_class=fmt, help="write reviewed values into the baseline folder",
+                         description="Take the selected cases of a reviewed results file (--results-json) or of "
+                                     "proposed baselines (--baseline-propose DIR) into the baseline folder. Entries "
+                                     "not selected keep their bytes; a stored rel_tol is kept; every file is "
+                                     "validated before any is written, and each write is atomic.",
+                         epilog="example: moebench baselines promote out/results.json --case 'gemm[kimi-*-triton]'")
+    pr.add_argument("source", metavar="SOURCE", help="results JSON, proposed baseline file, or proposal folder")
+    which = pr.add_mutually_exclusive_group(required=True)
+    which.add_argument("--case", action="append", metavar="PATTERN", help="cases to promote (glob; repeatable)")
+    which.add_argument("--all", action="store_true", help="every case of SOURCE")
+    pr.add_argument("--baseline-dir", default="baselines", metavar="DIR", help="baseline root (default: baselines)")
+    pr.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
+    pr.set_defaults(func=cmd_baselines_promote)
+
+    r = sub.add_parser("report", formatter_class=fmt, help="trend plots per case and an index page",
+                       description="Plot each case's metric over the given runs (dates on the x axis, the baseline "
+                                   "and its tolerance band, points coloured by verdict) into OUT/plots/, and write "
+                                   "OUT/index.html and OUT/index.md with every case's latest verdict. Needs "
+                                   "matplotlib (pip install 'moebench[plots]').",
+                       epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
+    r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files, in any order (sorted by date)")
+    r.add_argument("--out", required=True, metavar="DIR", help="folder for plots/, index.html and index.md")
+    r.add_argument("--metric", metavar="NAME", help="metric to plot (default: each case's primary)")
+    r.add_argument("--baseline-dir", metavar="DIR",
+                   help="draw the baselines stored here (default: the baseline each run recorded)")
+    r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    r.set_defaults(func=cmd_report)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `moebench` console script; returns the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (CliError, RunsError, BaselineError) as e:
+        print(f"moebench {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as e:  # an output folder that cannot be written, say
+        print(f"moebench {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:  # `moebench ... | head`
+        sys.stderr.close()
+        return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
