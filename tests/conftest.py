@@ -1,0 +1,173 @@
+"""Shared fixtures for the harness's own tests: a valid baseline document, and a tiny fake benchmark
+project that runs the moebench plugin end to end in a pytest subprocess.
+
+Everything here is CPU-only and deterministic: the fake cases return fixed samples read from a control
+file, so the gate is tested with known numbers, never with a wall-clock threshold.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+# pytester drives the plugin end to end (runpytest_subprocess). Allowed here because tests/ is in
+# testpaths, so this conftest is loaded before configuration.
+pytest_plugins = ["pytester"]
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src"
+HW = "test-hw-x1"  # forced with --hardware-key so the baseline folder does not depend on this CPU
+
+# Plugins that auto-load from the environment but have nothing to do with moebench; hypothesis alone
+# costs over a second of imports per subprocess, and the suite starts a couple of dozen of them.
+UNRELATED_PLUGINS = ("-p", "no:hypothesispytest", "-p", "no:anyio")
+
+
+def valid_document() -> dict:
+    """A baseline file that passes validation: one measured and one external entry."""
+    return {
+        "schema_version": 1,
+        "hardware_key": HW,
+        "family": "gemm",
+        "fingerprint": {"cpu": {"model": "fake"}, "gpus": []},
+        "created": "2026-01-01T00:00:00Z",
+        "updated": "2026-01-01T00:00:00Z",
+        "entries": {
+            "fake[a]": {
+                "definition_hash": "0123456789abcdef",
+                "metrics": {"latency_us": {"value": 100.0, "unit": "us", "direction": "lower", "rel_tol": 0.05,
+                                           "noise": 0.01, "n": 20}},
+                "provenance": {"kind": "measured", "commit": "abc123", "date": "2026-01-01T00:00:00Z",
+                               "versions": {"torch": "2.13.0"}},
+            },
+            "fake[b]": {
+                "definition_hash": "fedcba9876543210",
+                "metrics": {"tokens_per_s": {"value": 10.3, "unit": "tok/s", "direction": "higher", "rel_tol": 0.1,
+                                             "noise": 0.0, "n": 1}},
+                "provenance": {"kind": "external", "source": "user report, 97 ms/token", "date": "2026-01-01"},
+            },
+        },
+    }
+
+
+@pytest.fixture
+def valid_doc() -> dict:
+    """A fresh deep copy of valid_document() for a test to mutate."""
+    return copy.deepcopy(valid_document())
+
+
+# The fake benchmark project. Samples, definition revisions and interrupts come from control.json, and
+# every measure() call appends the case key to calls.txt, so a test can see the re-measurement.
+FAKE_TESTS = '''
+"""Fake moebench cases with deterministic samples (see tests/conftest.py)."""
+import json
+import pathlib
+
+import pytest
+
+from moebench.metrics import Metric
+
+HERE = pathlib.Path(__file__).parent
+
+
+def _control():
+    return json.loads((HERE / "control.json").read_text())
+
+
+def _measure(key):
+    def measure():
+        with open(HERE / "calls.txt", "a") as f:
+            f.write(key + "\\n")
+        control = _control()
+        if key in control["interrupt"]:
+            raise KeyboardInterrupt
+        t = Metric.from_samples(control["samples"][key], "us", "lower", rel_tol=0.05)
+        return {"latency_us": t, "busbw_GBps": t.derived(1e3 / t.value, "GB/s", "higher")}
+    return measure
+
+
+def _record(moebench, name):
+    key = f"fake[{name}]"
+    definition = {"name": name, "rev": _control()["rev"].get(key, 0)}
+    moebench.record(key, "gemm", definition, _measure(key), info={"what ran": "fake"}, primary="latency_us")
+
+
+@pytest.mark.gemm
+@pytest.mark.parametrize("name", ["a", "b"])
+def test_fake(name, moebench):
+    _record(moebench, name)
+
+
+@pytest.mark.gemm
+@pytest.mark.gpu
+def test_needs_gpu(moebench):
+    pytest.fail("a gpu case ran on a box without GPUs")
+
+
+@pytest.mark.gemm
+@pytest.mark.gpus(2)
+def test_needs_two_gpus(moebench):
+    pytest.fail("a gpus(2) case ran on a box without GPUs")
+
+
+@pytest.mark.gemm
+@pytest.mark.full
+def test_full_only(moebench):
+    _record(moebench, "full")
+'''
+
+SAMPLES = {
+    # median 100, MAD 1 -> noise 1.4826 %; median 200, MAD 1 -> noise 0.74 %
+    "fake[a]": [100.0, 101.0, 99.0, 100.0, 102.0],
+    "fake[b]": [200.0, 201.0, 199.0, 200.0, 202.0],
+    "fake[full]": [50.0, 50.0, 50.0],
+}
+
+
+class FakeBench:
+    """A pytester project with the fake cases, run in a subprocess with the moebench plugin."""
+
+    def __init__(self, pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pytester = pytester
+        self.monkeypatch = monkeypatch
+        self.path: Path = pytester.path
+        self.baselines = self.path / "baselines"
+        self.control = {"samples": copy.deepcopy(SAMPLES), "rev": {}, "interrupt": []}
+        # The subprocess imports moebench from this checkout (pytester prepends its cwd to PYTHONPATH).
+        monkeypatch.setenv("PYTHONPATH", str(SRC))
+        # A step summary from an outer CI job must not receive (or change) these runs' tables.
+        monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+        monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+        markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
+        pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n"
+                         + "".join(f"    {m}\n" for m in markers))
+        pytester.makepyfile(test_fake=FAKE_TESTS)
+
+    def family_file(self, root: Path | None = None) -> Path:
+        return (root or self.baselines) / HW / "gemm.json"
+
+    def calls(self) -> collections.Counter:
+        """How many times each case's measure() ran in the last run."""
+        p = self.path / "calls.txt"
+        return collections.Counter(p.read_text().split()) if p.exists() else collections.Counter()
+
+    def run(self, *args: str, env: dict | None = None) -> pytest.RunResult:
+        """One pytest subprocess over the fake cases; calls.txt starts empty."""
+        (self.path / "calls.txt").unlink(missing_ok=True)
+        (self.path / "control.json").write_text(json.dumps(self.control))
+        with self.monkeypatch.context() as mp:
+            for k, v in (env or {}).items():
+                mp.setenv(k, v)
+            return self.pytester.runpytest_subprocess(
+                *UNRELATED_PLUGINS, "-p", "moebench.plugin", "--hardware-key", HW,
+                "--baseline-dir", str(self.baselines), "-rs", *args, timeout=120)
+
+
+@pytest.fixture
+def fakebench(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> FakeBench:
+    return FakeBench(pytester, monkeypatch)

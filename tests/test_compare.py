@@ -1,0 +1,148 @@
+"""The verdict gate (baselines/compare.py) with fake numbers: every verdict, both directions, precedence,
+the case verdict, which verdicts fail a test, and the one-line failure message.
+
+Pure functions, so the tables below are the specification: no clocks, no files.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench.baselines.compare import (
+    NOISE_FACTOR,
+    Comparison,
+    Verdict,
+    case_verdict,
+    compare_metric,
+    failing,
+    one_line,
+)
+from moebench.metrics import Metric
+
+V = Verdict
+
+
+def m(value: float, direction: str = "lower", noise: float = 0.0, rel_tol: float = 0.05) -> Metric:
+    return Metric(value, "us", direction, noise=noise, n=20, rel_tol=rel_tol)
+
+
+# (name, measured, baseline, keyword flags, expected verdict)
+CASES = [
+    # --- lower is better (latency) ---
+    ("lower: identical", m(100), m(100), {}, V.PASS),
+    ("lower: 4% slower is inside the 5% tolerance", m(104), m(100), {}, V.PASS),
+    # 105 vs 100 is exactly the tolerance: a regression must be *worse than* it.
+    ("lower: exactly at tolerance", m(105), m(100), {}, V.PASS),
+    ("lower: 10% slower, quiet", m(110, noise=0.01), m(100, noise=0.01), {}, V.REGRESSION),
+    ("lower: 10% slower but the measurement is noisy", m(110, noise=0.06), m(100), {}, V.AMBIGUOUS),
+    ("lower: 10% slower but the baseline was noisy", m(110), m(100, noise=0.06), {}, V.AMBIGUOUS),
+    ("lower: 10% faster, quiet", m(90), m(100), {}, V.IMPROVEMENT),
+    # Better than tolerance but inside the noise is not claimed as an improvement; nothing fails.
+    ("lower: 10% faster, noisy", m(90, noise=0.06), m(100), {}, V.PASS),
+    ("lower: throttled and 10% slower", m(110), m(100), {"throttled": True}, V.AMBIGUOUS),
+    ("lower: throttled and identical", m(100), m(100), {"throttled": True}, V.AMBIGUOUS),
+    # --- higher is better (throughput) ---
+    ("higher: identical", m(50, "higher"), m(50, "higher"), {}, V.PASS),
+    ("higher: 4% lower is inside tolerance", m(48, "higher"), m(50, "higher"), {}, V.PASS),
+    ("higher: 10% lower, quiet", m(45, "higher"), m(50, "higher"), {}, V.REGRESSION),
+    ("higher: 10% lower, noisy", m(45, "higher", noise=0.06), m(50, "higher"), {}, V.AMBIGUOUS),
+    ("higher: 10% higher, quiet", m(55, "higher"), m(50, "higher"), {}, V.IMPROVEMENT),
+    ("higher: throttled and 10% lower", m(45, "higher"), m(50, "higher"), {"throttled": True}, V.AMBIGUOUS),
+    # --- no comparison possible ---
+    ("no baseline entry", m(100), None, {}, V.NEW),
+    ("case definition changed", m(100), m(100), {"stale": True}, V.STALE),
+    ("direction changed since recording", m(100, "higher"), m(100, "lower"), {}, V.STALE),
+    ("baseline value 0 cannot be a ratio", m(100), m(0), {}, V.STALE),
+    ("other hardware", m(100), m(50), {"env_mismatch": True}, V.ENV_MISMATCH),
+    # --- precedence: never compare across hardware; nothing to compare beats stale; stale beats throttle ---
+    ("other hardware and no entry", m(100), None, {"env_mismatch": True}, V.ENV_MISMATCH),
+    ("other hardware and stale", m(100), m(100), {"env_mismatch": True, "stale": True}, V.ENV_MISMATCH),
+    ("no entry and throttled", m(100), None, {"throttled": True}, V.NEW),
+    ("stale and throttled", m(200), m(100), {"stale": True, "throttled": True}, V.STALE),
+]
+
+
+@pytest.mark.parametrize("name, measured, baseline, flags, expected", CASES, ids=[c[0] for c in CASES])
+def test_compare_metric_verdicts(name, measured, baseline, flags, expected):
+    c = compare_metric(measured, baseline, **flags)
+    assert c.verdict is expected, f"{name}: {c}"
+    assert c.value == measured.value
+
+
+def test_tolerance_is_the_baselines_not_the_measurements():
+    # A reviewer sets rel_tol in the stored file; a benchmark changing its default must not loosen it.
+    c = compare_metric(m(110, rel_tol=0.5), m(100, rel_tol=0.05))
+    assert c.verdict is V.REGRESSION and c.rel_tol == 0.05
+
+
+@pytest.mark.parametrize("direction, value, worse", [("lower", 110, 0.10), ("lower", 90, -0.10),
+                                                    ("higher", 90, 0.10), ("higher", 110, -0.10)])
+def test_worse_is_positive_when_worse_in_either_direction(direction, value, worse):
+    c = compare_metric(m(value, direction), m(100, direction))
+    assert c.worse == pytest.approx(worse)
+    # delta_pct is the plain change as measured, whatever the direction.
+    assert c.delta_pct == pytest.approx(value - 100)
+
+
+def test_noise_band_is_noise_factor_times_the_larger_spread():
+    c = compare_metric(m(100, noise=0.01), m(100, noise=0.03))
+    assert c.noise == pytest.approx(NOISE_FACTOR * 0.03)
+    c = compare_metric(m(100, noise=0.04), m(100, noise=0.02))
+    assert c.noise == pytest.approx(NOISE_FACTOR * 0.04)
+
+
+def test_noise_band_edge_is_inside():
+    # worse 10% against a band of exactly 2 x 5% = 10%: not outside the noise, so not a regression.
+    assert compare_metric(m(110, noise=0.05), m(100)).verdict is V.AMBIGUOUS
+    assert compare_metric(m(110, noise=0.049), m(100)).verdict is V.REGRESSION
+
+
+def _c(v: Verdict) -> Comparison:
+    return Comparison(v, 1.0)
+
+
+@pytest.mark.parametrize("verdicts, expected", [
+    ([], V.PASS),
+    ([V.PASS, V.PASS], V.PASS),
+    ([V.PASS, V.IMPROVEMENT], V.IMPROVEMENT),
+    ([V.IMPROVEMENT, V.NEW], V.NEW),
+    ([V.NEW, V.AMBIGUOUS], V.AMBIGUOUS),
+    ([V.AMBIGUOUS, V.ENV_MISMATCH], V.ENV_MISMATCH),
+    ([V.ENV_MISMATCH, V.STALE], V.STALE),
+    ([V.PASS, V.REGRESSION, V.STALE, V.NEW], V.REGRESSION),
+])
+def test_case_verdict_is_the_most_severe(verdicts, expected):
+    assert case_verdict({f"m{i}": _c(v) for i, v in enumerate(verdicts)}) is expected
+
+
+FAILS = {  # verdict -> (fails without --baseline-strict, fails with it)
+    V.PASS: (False, False),
+    V.IMPROVEMENT: (False, False),
+    V.AMBIGUOUS: (False, False),
+    V.ENV_MISMATCH: (False, False),
+    V.NEW: (False, True),
+    V.STALE: (False, True),
+    V.REGRESSION: (True, True),
+}
+
+
+@pytest.mark.parametrize("verdict", list(Verdict))
+def test_failing(verdict):
+    assert set(FAILS) == set(Verdict), "a verdict was added: say here whether it fails"
+    assert (failing(verdict, strict=False), failing(verdict, strict=True)) == FAILS[verdict]
+
+
+def test_one_line_regression_message():
+    c = compare_metric(Metric(100.0, "us", "lower", noise=0.014826, n=5), m(70.0))
+    line = one_line("fake[a]", "latency_us", c, "us")
+    assert line == ("REGRESSION fake[a] latency_us: 100 us, baseline 70 us, delta +42.9%, "
+                    "tolerance 5.0%, noise 3.0%")
+
+
+def test_one_line_higher_is_better_and_without_baseline():
+    c = compare_metric(m(44, "higher"), m(50, "higher", rel_tol=0.1))
+    assert one_line("d[x]", "tok_s", c, "tok/s") == (
+        "REGRESSION d[x] tok_s: 44 tok/s, baseline 50 tok/s, delta -12.0%, tolerance 10.0%, noise 0.0%")
+    new = one_line("d[x]", "tok_s", compare_metric(m(45, "higher"), None), "tok/s")
+    assert new == "NEW d[x] tok_s: 45 tok/s, no baseline"
+    assert "\n" not in new
