@@ -1,0 +1,150 @@
+"""Baseline file validation: a valid file loads, and every malformed variant stops with a BaselineError
+whose message is one line naming the file and the dotted path of the field at fault.
+
+Files are loaded the way a run loads them (BaselineSet.load of <root>/<hardware-key>/<family>.json), so
+the folder/hardware-key and file-name/family checks are part of what is tested.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from moebench.baselines.schema import BaselineError, validate_file
+from moebench.baselines.store import BaselineSet, dumps, family_path, load_file
+from moebench.metrics import Metric
+
+# The hardware key of conftest.valid_document(). (Not imported: two conftest.py modules share the name.)
+HW = "test-hw-x1"
+
+A = "entries['fake[a]']"
+B = "entries['fake[b]']"
+
+
+def test_valid_file_loads(tmp_path, valid_doc):
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    bs = BaselineSet.load(tmp_path, HW)
+    assert bs.docs["gemm"] == valid_doc
+    entry = bs.entry("gemm", "fake[a]")
+    assert entry.metrics["latency_us"] == Metric(100.0, "us", "lower", 0.01, 20, 0.05)
+    assert entry.definition_hash == "0123456789abcdef"
+    assert bs.entry("gemm", "fake[zzz]") is None
+    assert bs.fingerprint("gemm") == valid_doc["fingerprint"]
+
+
+def test_missing_folder_is_an_empty_set(tmp_path):
+    bs = BaselineSet.load(tmp_path / "nowhere", HW)
+    assert bs.docs == {} and bs.entry("gemm", "fake[a]") is None
+
+
+def _del(*keys):
+    def mutate(doc):
+        d = doc
+        for k in keys[:-1]:
+            d = d[k]
+        del d[keys[-1]]
+    return mutate
+
+
+def _set(value, *keys):
+    def mutate(doc):
+        d = doc
+        for k in keys[:-1]:
+            d = d[k]
+        d[keys[-1]] = value
+    return mutate
+
+
+LAT = ("entries", "fake[a]", "metrics", "latency_us")
+PROV_A = ("entries", "fake[a]", "provenance")
+PROV_B = ("entries", "fake[b]", "provenance")
+
+# (id, mutation of the valid document, the dotted field path the message must name)
+MALFORMED = [
+    ("missing field", _del(*LAT, "unit"), f"{A}.metrics.latency_us.unit"),
+    ("missing value", _del(*LAT, "value"), f"{A}.metrics.latency_us.value"),
+    ("wrong direction", _set("down", *LAT, "direction"), f"{A}.metrics.latency_us.direction"),
+    ("negative noise", _set(-0.01, *LAT, "noise"), f"{A}.metrics.latency_us.noise"),
+    ("n = 0", _set(0, *LAT, "n"), f"{A}.metrics.latency_us.n"),
+    ("n not an integer", _set(2.5, *LAT, "n"), f"{A}.metrics.latency_us.n"),
+    ("value a string", _set("100", *LAT, "value"), f"{A}.metrics.latency_us.value"),
+    ("value a boolean", _set(True, *LAT, "value"), f"{A}.metrics.latency_us.value"),
+    ("negative rel_tol", _set(-0.1, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
+    ("no metrics", _set({}, "entries", "fake[a]", "metrics"), f"{A}.metrics"),
+    ("no definition_hash", _del("entries", "fake[a]", "definition_hash"), f"{A}.definition_hash"),
+    ("wrong schema_version", _set(2, "schema_version"), "schema_version"),
+    ("schema_version true", _set(True, "schema_version"), "schema_version"),
+    ("schema_version 1.0", _set(1.0, "schema_version"), "schema_version"),
+    ("no schema_version", _del("schema_version"), "schema_version"),
+    ("measured without commit", _del(*PROV_A, "commit"), f"{A}.provenance.commit"),
+    ("measured with empty commit", _set("", *PROV_A, "commit"), f"{A}.provenance.commit"),
+    ("measured without versions", _del(*PROV_A, "versions"), f"{A}.provenance.versions"),
+    ("external without source", _del(*PROV_B, "source"), f"{B}.provenance.source"),
+    ("unknown provenance kind", _set("guessed", *PROV_B, "kind"), f"{B}.provenance.kind"),
+    ("provenance without date", _del(*PROV_B, "date"), f"{B}.provenance.date"),
+    ("hardware_key not the folder's", _set("nvidia-h200-x8", "hardware_key"), "hardware_key"),
+    ("family not the file's", _set("decode", "family"), "family"),
+    ("entries not an object", _set([], "entries"), "entries"),
+    ("fingerprint missing", _del("fingerprint"), "fingerprint"),
+]
+
+
+def _assert_one_line(err: BaselineError, path, field: str) -> None:
+    msg = str(err)
+    assert "\n" not in msg, f"message is not one line: {msg!r}"
+    assert str(path) in msg, f"message does not name the file: {msg!r}"
+    assert f": {field}: " in msg, f"message does not name the field {field!r}: {msg!r}"
+
+
+@pytest.mark.parametrize("mutate, field", [c[1:] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+def test_malformed_file_names_file_and_field(tmp_path, valid_doc, mutate, field):
+    mutate(valid_doc)
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    with pytest.raises(BaselineError) as e:
+        BaselineSet.load(tmp_path, HW)
+    _assert_one_line(e.value, path, field)
+
+
+def test_bad_json_names_line_and_column(tmp_path):
+    # Line 3 lacks its comma: the parser stops at the first character of line 4's key, column 3.
+    text = '{\n  "schema_version": 1,\n  "hardware_key": "test-hw-x1"\n  "family": "gemm"\n}\n'
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    with pytest.raises(BaselineError) as e:
+        BaselineSet.load(tmp_path, HW)
+    msg = str(e.value)
+    assert "\n" not in msg and str(path) in msg
+    assert ": line 4 column 3: invalid JSON" in msg
+
+
+def test_nan_in_the_file_is_not_a_finite_number(tmp_path, valid_doc):
+    # Python's json reads the non-standard token NaN; the schema must still refuse it.
+    path = tmp_path / "gemm.json"
+    path.write_text(dumps(valid_doc).replace('"value": 100.0', '"value": NaN'))
+    with pytest.raises(BaselineError) as e:
+        load_file(path)
+    _assert_one_line(e.value, path, f"{A}.metrics.latency_us.value")
+
+
+@pytest.mark.parametrize("doc, field", [([], "(top level)"), ("text", "(top level)"), ({}, "schema_version")])
+def test_not_an_object(doc, field):
+    with pytest.raises(BaselineError) as e:
+        validate_file(doc, "x.json")
+    assert str(e.value).startswith(f"x.json: {field}: ")
+
+
+def test_baseline_error_is_a_value_error():
+    # Callers that only know ValueError (CLI, scripts) still catch it.
+    assert issubclass(BaselineError, ValueError)
+
+
+def test_validation_does_not_change_the_document(valid_doc):
+    before = json.dumps(valid_doc, sort_keys=True)
+    validate_file(valid_doc, "x.json", hardware_key=HW, family="gemm")
+    assert json.dumps(valid_doc, sort_keys=True) == before
