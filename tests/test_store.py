@@ -1,0 +1,271 @@
+"""Baseline storage: atomic writes (an interrupt leaves the old bytes and no temporary file), file modes,
+stable formatting (an update rewrites only the updated entry's bytes), merging rules, and the update
+writer's "no change" path.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from moebench.baselines.schema import BaselineError
+from moebench.baselines.store import (
+    BaselineSet,
+    atomic_write_text,
+    check_writable,
+    dumps,
+    family_path,
+    load_file,
+    merge_entries,
+    new_document,
+    other_hardware_entries,
+)
+from moebench.baselines.update import write_updates
+from moebench.metrics import Metric
+from moebench.session import RunState
+
+HW = "test-hw-x1"  # the hardware key of conftest.valid_document()
+NOW = "2026-02-02T00:00:00Z"
+OLD = '{"old": true}\n'
+
+
+# --- stable formatting ------------------------------------------------------------------------------
+
+def test_dumps_is_sorted_indented_and_ends_with_a_newline(valid_doc):
+    text = dumps(valid_doc)
+    assert text.endswith("}\n") and not text.endswith("\n\n")
+    assert json.loads(text) == valid_doc
+    top_keys = [line.split('"')[1] for line in text.splitlines() if line.startswith('  "')]
+    assert top_keys == sorted(valid_doc)
+    assert text == dumps(json.loads(text)), "a dump read back and dumped again must not change"
+    assert '\n  "entries": {\n    "fake[a]": {\n      "definition_hash"' in text
+
+
+def entry_blocks(text: str) -> dict[str, str]:
+    """The exact text of each entry in a dumped baseline file, keyed by case key (entries sit at an
+    indent of four spaces inside "entries")."""
+    blocks: dict[str, str] = {}
+    lines = text.splitlines(keepends=True)
+    start = lines.index('  "entries": {\n')
+    key, buf = None, []
+    for line in lines[start + 1:]:
+        if line.startswith("  }"):
+            break
+        if line.startswith('    "') and key is None:
+            key, buf = json.loads(line.strip().rstrip("{").rstrip().rstrip(":")), []
+        buf.append(line)
+        if line.rstrip(",\n") == "    }":
+            blocks[key] = "".join(buf)
+            key = None
+    return blocks
+
+
+def _update(value: float, rel_tol: float = 0.2, definition_hash: str = "0123456789abcdef") -> dict:
+    metric = Metric(value, "us", "lower", noise=0.02, n=30, rel_tol=rel_tol).to_json()
+    return {"definition_hash": definition_hash, "metrics": {"latency_us": metric},
+            "provenance": {"kind": "measured", "commit": "def456", "date": NOW, "versions": {}}}
+
+
+def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
+    before = dumps(valid_doc)
+    original = copy.deepcopy(valid_doc)
+    merged, changes = merge_entries(valid_doc, HW, "gemm", {"cpu": {"model": "new"}}, NOW,
+                                    {"fake[a]": _update(110.0)})
+    after = dumps(merged)
+    assert valid_doc == original, "merge_entries must not modify the document it was given"
+    old_blocks, new_blocks = entry_blocks(before), entry_blocks(after)
+    assert set(new_blocks) == {"fake[a]", "fake[b]"}
+    assert new_blocks["fake[b]"] == old_blocks["fake[b]"]
+    assert new_blocks["fake[a]"] != old_blocks["fake[a]"]
+    m = merged["entries"]["fake[a]"]["metrics"]["latency_us"]
+    assert m["value"] == 110.0 and m["n"] == 30 and m["noise"] == 0.02
+    # The reviewer's tolerance survives the update (the measurement asked for 0.2).
+    assert m["rel_tol"] == 0.05
+    assert merged["created"] == valid_doc["created"] and merged["updated"] == NOW
+    assert merged["fingerprint"] == {"cpu": {"model": "new"}}
+    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)"]
+    # Outside the updated entry only the header's "updated" and "fingerprint" lines moved.
+    outside = [l for l in after.splitlines(keepends=True) if l not in new_blocks["fake[a]"]]
+    outside_before = [l for l in before.splitlines(keepends=True) if l not in old_blocks["fake[a]"]]
+    differ = [l for l in outside if l not in outside_before]
+    assert all(l.startswith(('  "updated"', '      "model"')) for l in differ), differ
+
+
+def test_merge_adds_new_entries_and_reports_definition_changes(valid_doc):
+    merged, changes = merge_entries(valid_doc, HW, "gemm", {}, NOW,
+                                    {"fake[c]": _update(5.0), "fake[a]": _update(100.0, definition_hash="new")})
+    assert merged["entries"]["fake[c]"]["metrics"]["latency_us"]["rel_tol"] == 0.2  # new: the measured one
+    assert changes == ["  ~ fake[a]: case definition changed (was STALE)", "  + fake[c] (latency_us 5 us)"]
+    # fake[b] sits between the two in sorted order; adding fake[c] after it costs it at most its comma.
+    blocks = entry_blocks(dumps(merged))
+    assert blocks["fake[b]"].rstrip(",\n") == entry_blocks(dumps(valid_doc))["fake[b]"].rstrip(",\n")
+
+
+def test_merge_into_nothing_makes_a_valid_new_document():
+    doc, changes = merge_entries(None, HW, "decode", {"gpus": []}, NOW, {"d[x]": _update(97.0)})
+    assert doc == {**new_document(HW, "decode", {"gpus": []}, NOW), "entries": {"d[x]": _update(97.0)}}
+    assert changes == ["  + d[x] (latency_us 97 us)"]
+
+
+# --- atomic writes ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def target(tmp_path) -> Path:
+    p = tmp_path / "hw" / "gemm.json"
+    p.parent.mkdir()
+    p.write_text(OLD)
+    return p
+
+
+def _assert_untouched(target: Path) -> None:
+    assert target.read_bytes() == OLD.encode(), "the old file changed"
+    assert sorted(os.listdir(target.parent)) == ["gemm.json"], "a temporary file was left behind"
+
+
+def test_atomic_write_replaces_the_file(target):
+    atomic_write_text(target, '{"new": 1}\n')
+    assert target.read_text() == '{"new": 1}\n'
+    assert sorted(os.listdir(target.parent)) == ["gemm.json"]
+
+
+def test_interrupt_in_fsync_leaves_old_file_and_no_temporary(target, monkeypatch):
+    def interrupted(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, '{"new": 1}\n' * 1000)
+    _assert_untouched(target)
+
+
+class _HalfWriter(io.TextIOWrapper):
+    """A file whose write() puts half the text on disk, then is interrupted."""
+
+    def write(self, s: str) -> int:
+        super().write(s[: len(s) // 2])
+        self.flush()
+        raise KeyboardInterrupt
+
+
+def test_interrupt_in_the_middle_of_write_leaves_old_file(target, monkeypatch):
+    real_fdopen = os.fdopen
+
+    def fdopen(fd, mode="r", encoding=None):
+        return _HalfWriter(real_fdopen(fd, mode.replace("w", "wb")), encoding=encoding)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, '{"new": 1}\n' * 1000)
+    _assert_untouched(target)
+
+
+def test_interrupt_in_replace_leaves_old_file(target, monkeypatch):
+    def interrupted(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(target, '{"new": 1}\n')
+    _assert_untouched(target)
+
+
+def test_interrupted_first_write_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "fsync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_text(tmp_path / "new" / "gemm.json", "{}\n")
+    assert os.listdir(tmp_path / "new") == []
+
+
+def test_new_file_mode_follows_umask_and_existing_mode_is_kept(tmp_path):
+    # mkstemp makes 0600 files; the written file must not inherit that.
+    old_umask = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.json"
+        atomic_write_text(fresh, "{}\n")
+        assert fresh.stat().st_mode & 0o777 == 0o644
+        kept = tmp_path / "kept.json"
+        kept.write_text("{}\n")
+        kept.chmod(0o640)
+        atomic_write_text(kept, '{"x": 1}\n')
+        assert kept.stat().st_mode & 0o777 == 0o640
+    finally:
+        os.umask(old_umask)
+
+
+# --- reading ----------------------------------------------------------------------------------------
+
+def test_non_utf8_file_is_a_one_line_baseline_error(tmp_path):
+    p = tmp_path / "gemm.json"
+    head = b'{"schema_version": 1, "x": "'
+    p.write_bytes(head + b'\xff"}')
+    with pytest.raises(BaselineError) as e:
+        load_file(p)
+    assert str(e.value) == f"{p}: byte {len(head)}: not UTF-8 text"  # 0-based offset of the bad byte
+
+
+def test_unreadable_path_is_a_baseline_error(tmp_path):
+    with pytest.raises(BaselineError) as e:
+        load_file(tmp_path)  # a folder
+    assert str(e.value).startswith(f"{tmp_path}: cannot read: ")
+
+
+def test_other_hardware_entries_skip_this_key_and_broken_files(tmp_path, valid_doc):
+    for key in (HW, "nvidia-h200-x8"):
+        doc = {**valid_doc, "hardware_key": key}
+        family_path(tmp_path, key, "gemm").parent.mkdir(parents=True)
+        family_path(tmp_path, key, "gemm").write_text(dumps(doc))
+    family_path(tmp_path, "broken-x1", "gemm").parent.mkdir(parents=True)
+    family_path(tmp_path, "broken-x1", "gemm").write_text("{")
+    found = other_hardware_entries(tmp_path, HW, "gemm", "fake[b]")
+    assert list(found) == ["nvidia-h200-x8"]
+    assert found["nvidia-h200-x8"].metrics["tokens_per_s"].value == 10.3
+    assert other_hardware_entries(tmp_path, HW, "gemm", "fake[nope]") == {}
+    assert other_hardware_entries(tmp_path / "missing", HW, "gemm", "fake[b]") == {}
+
+
+def test_check_writable(tmp_path):
+    check_writable(tmp_path / "a" / "b" / "c")  # missing folders are fine: they will be created
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BaselineError) as e:
+        check_writable(tmp_path / "file" / "sub" / HW)
+    assert str(e.value) == f"{tmp_path / 'file' / 'sub' / HW}: baseline folder is not writable"
+
+
+# --- the update writer ------------------------------------------------------------------------------
+
+def _state(root: Path) -> RunState:
+    return RunState(baseline_dir=root, hardware_key=HW, fingerprint={"cpu": {"model": "m"}, "gpus": []},
+                    strict=False, update=True, baselines=BaselineSet.load(root, HW), key_forced=True)
+
+
+def _record(state: RunState, value: float) -> None:
+    state.record(nodeid="t::x", key="fake[a]", family="gemm", definition={"a": 1},
+                 measure=lambda: {"latency_us": Metric.from_samples([value] * 3, "us", "lower"),
+                                  "info": Metric(1.0, "x", "higher", gated=False)})
+
+
+def test_write_updates_writes_then_reports_no_change(tmp_path):
+    state = _state(tmp_path)
+    _record(state, 100.0)
+    lines = write_updates(state)
+    path = family_path(tmp_path, HW, "gemm")
+    assert lines[0] == f"moebench: updated {path} (1 change)"
+    doc = load_file(path, hardware_key=HW, family="gemm")
+    assert list(doc["entries"]["fake[a]"]["metrics"]) == ["latency_us"], "only gated metrics are stored"
+    text = path.read_text()
+
+    again = _state(tmp_path)
+    _record(again, 100.0)
+    assert write_updates(again) == [f"moebench: {path}: no change"]
+    assert path.read_text() == text
+
+    proposed = _state(tmp_path)
+    _record(proposed, 90.0)
+    lines = write_updates(proposed, propose_dir=str(tmp_path / "proposal"))
+    assert lines[0].startswith(f"moebench: proposed {family_path(tmp_path / 'proposal', HW, 'gemm')}")
+    assert path.read_text() == text, "proposing must not touch the baseline folder"
