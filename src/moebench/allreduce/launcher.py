@@ -1,0 +1,240 @@
+"""Run one group of ranks under deadlines, and always tear it down.
+
+The parent (the pytest process) never imports torch here. It spawns one `python -m
+moebench.allreduce.rank` per rank, each in its own session, then waits, phase by phase, each wait
+with its own deadline:
+
+  start       spawn -> every rank said hello (Python, torch, vllm imported)
+  rendezvous  all hellos -> every rank ready (process group, communicator, a warm-up allreduce)
+  jobs        per job: all results in; fails on job_s for the job, or stall_s without any message from
+              any rank (a hung collective blocks every rank, so nobody writes: that is the deadline on
+              every collective)
+  teardown    every rank said bye -> every rank exited; past teardown_s they are killed anyway
+
+A rank that exits early or reports an error fails the group at once. Whatever happened, the finally
+block kills every rank's process group (SIGTERM, then SIGKILL) and reaps the ranks with a deadline:
+ranks that hang after destroy_process_group (we saw it) cannot outlive the group's run.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from moebench.allreduce import processes
+from moebench.allreduce.protocol import GroupSpec, Reader, messages_path, stderr_path, stdout_path, tail
+
+RankArgv = Callable[[Path, int], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """Seconds each wait may take (see the module docstring for the phases)."""
+
+    start_s: float = 240.0
+    rendezvous_s: float = 180.0
+    stall_s: float = 60.0
+    job_s: float = 300.0
+    teardown_s: float = 20.0
+    grace_s: float = 2.0
+
+
+@dataclass
+class GroupRun:
+    """What a launch produced. results: job index -> one result message per rank, for the jobs every
+    rank finished; error: why the run stopped early (None when every job finished)."""
+
+    spec: GroupSpec
+    results: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    ready: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    failed_job: int | None = None
+    phase: str = "start"
+    notes: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    workdir: Path | None = None
+
+
+class GroupFailure(Exception):
+    """The group cannot go on: a deadline passed, a rank exited early, or a rank reported an error."""
+
+    def __init__(self, message: str, ranks: Sequence[int] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
+def default_rank_argv(spec_path: Path, rank: int) -> list[str]:
+    """The real rank: `python -m moebench.allreduce.rank SPEC RANK`."""
+    return [sys.executable, "-m", "moebench.allreduce.rank", str(spec_path), str(rank)]
+
+
+def rank_env(spec: GroupSpec) -> dict[str, str]:
+    """The ranks' environment: ours, plus the cases' env (NVLink multicast off, the NCCL variant), the
+    moebench sources on PYTHONPATH, and one OpenMP thread per rank (as torchrun does)."""
+    env = dict(os.environ)
+    for c in spec.cases[:1]:
+        env.update(c.env)
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    # All ranks are on this host: gloo's interface guess from the hostname can pick an unreachable one.
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class _Monitor:
+    """Reads every rank's messages and watches their processes."""
+
+    def __init__(self, spec: GroupSpec, procs: list, workdir: Path) -> None:
+        self.spec = spec
+        self.procs = procs
+        self.workdir = workdir
+        self.readers = [Reader(messages_path(workdir, r)) for r in range(spec.world)]
+        self.seen: list[dict[str, dict]] = [{} for _ in procs]  # rank -> type -> last message
+        self.results: dict[int, dict[int, dict]] = {}           # job -> rank -> result
+        self.last_message = time.monotonic()
+
+    def pump(self) -> None:
+        """Take in new messages; raise GroupFailure on an error message or an early exit."""
+        for r, reader in enumerate(self.readers):
+            for m in reader.poll():
+                self.last_message = time.monotonic()
+                self.seen[r][m["t"]] = m
+                if m["t"] == "result":
+                    self.results.setdefault(m["job"], {})[r] = m
+                elif m["t"] == "error":
+                    raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r])
+        for r, p in enumerate(self.procs):
+            status = processes.exit_status(p)
+            if status is not None and "bye" not in self.seen[r]:
+                self.pump_once_more(r)
+                raise GroupFailure(f"rank {r} exited with status {status} before it was done", [r])
+
+    def pump_once_more(self, r: int) -> None:
+        # A rank that wrote its error line and exited: read the line before reporting the exit.
+        for m in self.readers[r].poll():
+            if m["t"] == "error":
+                raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r])
+
+    def have(self, kind: str) -> list[int]:
+        return [r for r in range(len(self.procs)) if kind in self.seen[r]]
+
+    def wait(self, done: Callable[[], bool], limit_s: float, what: Callable[[], str], stall_s: float | None = None) -> None:
+        """Pump until done(); GroupFailure(what()) once limit_s has passed or, with stall_s, once no
+        rank has written anything for stall_s."""
+        start = time.monotonic()
+        while True:
+            self.pump()
+            if done():
+                return
+            now = time.monotonic()
+            if now - start > limit_s:
+                raise GroupFailure(f"{what()} within the deadline of {limit_s:g} s")
+            if stall_s is not None and now - max(self.last_message, start) > stall_s:
+                raise GroupFailure(f"{what()}: no rank reported anything for {stall_s:g} s (a collective hung)")
+            time.sleep(0.02)
+
+
+def _missing(mon: _Monitor, kind: str) -> str:
+    missing = [r for r in range(mon.spec.world) if kind not in mon.seen[r]]
+    return ", ".join(map(str, missing)) or "none"
+
+
+def _run_phases(spec: GroupSpec, mon: _Monitor, d: Deadlines, run: GroupRun) -> None:
+    n = spec.world
+    run.phase = "start"
+    mon.wait(lambda: len(mon.have("hello")) == n, d.start_s,
+             lambda: f"rank(s) {_missing(mon, 'hello')} did not start (import) ")
+    run.phase = "rendezvous"
+    mon.wait(lambda: len(mon.have("ready")) == n, d.rendezvous_s,
+             lambda: f"rank(s) {_missing(mon, 'ready')} did not reach the rendezvous (port {spec.port})")
+    run.ready = [mon.seen[r]["ready"] for r in range(n)]
+    for j, case in enumerate(spec.cases):
+        run.failed_job = j
+        run.phase = f"job {j} ({case.id})"
+
+        def missing_ranks(j: int = j) -> str:
+            done = mon.results.get(j, {})
+            return ", ".join(str(r) for r in range(n) if r not in done)
+
+        mon.wait(lambda j=j: len(mon.results.get(j, {})) == n, d.job_s,
+                 lambda j=j, c=case: f"job {j} ({c.id}): rank(s) {missing_ranks(j)} did not finish",
+                 stall_s=d.stall_s)
+        run.results[j] = [mon.results[j][r] for r in range(n)]
+    run.failed_job = None
+    run.phase = "teardown"
+    mon.wait(lambda: len(mon.have("bye")) == n, d.stall_s, lambda: f"rank(s) {_missing(mon, 'bye')} did not say bye")
+    start = time.monotonic()
+    while time.monotonic() - start < d.teardown_s:
+        if all(processes.exit_status(p) is not None for p in mon.procs):
+            return
+        time.sleep(0.02)
+    stuck = [r for r, p in enumerate(mon.procs) if processes.exit_status(p) is None]
+    run.notes.append(f"rank(s) {', '.join(map(str, stuck))} had not exited {d.teardown_s:g} s after sending "
+                     f"every result: killed with their process groups (results kept)")
+
+
+def _failure_text(spec: GroupSpec, e: GroupFailure, workdir: Path, run: GroupRun) -> str:
+    lines = [f"allreduce group {spec.backend}-w{spec.world}{'-' + spec.variant if spec.variant else ''} "
+             f"failed at {run.phase}: {e}; its ranks' process groups were killed (logs: {workdir})"]
+    ranks = e.ranks or tuple(range(spec.world))
+    for r in ranks:
+        t = tail(stderr_path(workdir, r))
+        if t:
+            lines.append(f"rank {r} stderr, last lines:")
+            lines.extend("    " + ln for ln in t)
+    return "\n".join(lines)
+
+
+def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv: RankArgv = default_rank_argv,
+              keep_workdir: bool = False) -> GroupRun:
+    """Launch spec.world ranks for one group, collect every job's results, tear everything down.
+
+    Never raises for a rank's misbehaviour: the returned GroupRun carries the error, the jobs that did
+    finish, and the ranks' pids (all gone by the time this returns, or named in notes)."""
+    if spec.port == 0:
+        spec = GroupSpec(spec.backend, spec.world, spec.variant, spec.cases, processes.free_port(),
+                         spec.collective_timeout_s, spec.fault, spec.parent_pid)
+    workdir = Path(tempfile.mkdtemp(prefix=f"moebench-allreduce-{spec.backend}-w{spec.world}-"))
+    spec_path = workdir / "spec.json"
+    spec.write(spec_path)
+    run = GroupRun(spec, workdir=workdir)
+    t0 = time.monotonic()
+    env = rank_env(spec)
+    procs: list = []
+    try:
+        for r in range(spec.world):
+            procs.append(processes.spawn(rank_argv(spec_path, r), env=env, stdout=stdout_path(workdir, r),
+                                         stderr=stderr_path(workdir, r)))
+        run.pids = [p.pid for p in procs]
+        _run_phases(spec, _Monitor(spec, procs, workdir), deadlines, run)
+    except GroupFailure as e:
+        run.error = str(e)
+        err = e
+    else:
+        err = None
+    finally:
+        run.notes.extend(processes.kill_groups(procs, grace_s=deadlines.grace_s))
+        run.elapsed_s = time.monotonic() - t0
+    if err is not None:
+        run.error = _failure_text(spec, err, workdir, run)
+    elif not keep_workdir:
+        shutil.rmtree(workdir, ignore_errors=True)
+        run.workdir = None
+    return run
+
+
+def port_taken(run: GroupRun) -> bool:
+    """Whether a failed run lost its rendezvous port to another process (worth one more try)."""
+    if run.error is None or run.workdir is None or run.results:
+        return False
+    text = "\n".join(tail(stderr_path(run.workdir, 0), lines=40))
+    return "Address already in use" in text or "EADDRINUSE" in text
