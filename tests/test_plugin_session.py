@@ -1,0 +1,167 @@
+"""The run state behind the plugin (session.RunState), in process with in-memory baselines: the
+re-measurement of a suspected regression, hardware mismatch, metrics missing from the stored entry,
+which metric a table row shows, the failure line, what an update would store, and the results JSON.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from moebench import provenance
+from moebench.baselines.compare import Verdict
+from moebench.baselines.store import BaselineSet, merge_entries
+from moebench.metrics import Metric
+from moebench.session import RunState
+
+HW = "test-hw-x1"
+DEFINITION = {"shape": [1, 7168, 256], "dtype": "bf16"}
+HERE = {"cpu": {"model": "Fake CPU"}, "gpus": [], "versions": {"torch": "2.13.0"}}
+
+
+def baseline_set(values: dict[str, float], *, fingerprint=HERE, definition=DEFINITION, extra=None) -> BaselineSet:
+    """One gemm file whose entry 'k[1]' stores the given metric values (lower is better, 5% tolerance)."""
+    metrics = {n: {"value": v, "unit": "us", "direction": "lower", "rel_tol": 0.05, "noise": 0.0, "n": 10}
+               for n, v in values.items()}
+    entry = {"definition_hash": provenance.definition_hash(definition), "metrics": metrics,
+             "provenance": {"kind": "measured", "commit": "c", "date": "d", "versions": {}}}
+    doc, _ = merge_entries(None, HW, "gemm", fingerprint, "2026-01-01T00:00:00Z", {"k[1]": entry, **(extra or {})})
+    return BaselineSet(root=Path("/nonexistent"), hardware_key=HW, docs={"gemm": doc})
+
+
+def state(baselines: BaselineSet, *, strict=False, key_forced=True, fingerprint=HERE) -> RunState:
+    return RunState(baseline_dir=baselines.root, hardware_key=HW, fingerprint=fingerprint, strict=strict,
+                    update=False, baselines=baselines, key_forced=key_forced)
+
+
+class Source:
+    """measure() that returns the next prepared latency, and counts its calls."""
+
+    def __init__(self, *values: float) -> None:
+        self.values = itertools.cycle(values)
+        self.calls = 0
+
+    def __call__(self) -> dict[str, Metric]:
+        self.calls += 1
+        v = next(self.values)
+        lat = Metric.from_samples([v, v, v], "us", "lower")
+        return {"lat": lat, "gbps": lat.derived(1e3 / v, "GB/s", "higher")}
+
+
+def record(s: RunState, source, key="k[1]", definition=DEFINITION, **kw):
+    return s.record(nodeid=f"bench.py::test[{key}]", key=key, family="gemm", definition=definition,
+                    measure=source, **kw)
+
+
+def test_pass_measures_once():
+    src = Source(100.0)
+    r = record(state(baseline_set({"lat": 100.0})), src)
+    assert (r.verdict, src.calls, r.remeasured_from) == (Verdict.PASS, 1, None)
+
+
+def test_suspected_regression_is_measured_once_more_and_can_clear():
+    # First measurement 20% slow, second back to normal: a transient, not a regression.
+    src = Source(120.0, 101.0)
+    said = []
+    r = record(state(baseline_set({"lat": 100.0})), src, progress=said.append)
+    assert src.calls == 2
+    assert r.verdict is Verdict.PASS
+    assert r.measurement.metrics["lat"].value == 101.0
+    assert r.remeasured_from.metrics["lat"].value == 120.0
+    assert said == ["k[1]: suspected regression, measuring once more"]
+
+
+def test_confirmed_regression_is_measured_exactly_twice_and_fails():
+    src = Source(120.0)
+    s = state(baseline_set({"lat": 100.0}))
+    r = record(s, src)
+    assert (r.verdict, src.calls) == (Verdict.REGRESSION, 2)
+    assert s.failure_line(r) == ("REGRESSION k[1] lat: 120 us, baseline 100 us, delta +20.0%, "
+                                 "tolerance 5.0%, noise 0.0%")
+
+
+def test_stale_and_new_fail_only_when_strict():
+    changed = {**DEFINITION, "dtype": "fp8"}
+    for strict in (False, True):
+        s = state(baseline_set({"lat": 100.0}), strict=strict)
+        stale = record(s, Source(100.0), definition=changed)
+        new = record(s, Source(100.0), key="k[2]")
+        assert (stale.verdict, new.verdict) == (Verdict.STALE, Verdict.NEW)
+        assert (s.failure_line(stale) is not None, s.failure_line(new) is not None) == (strict, strict)
+
+
+def test_metric_missing_from_the_stored_entry_is_new():
+    r = record(state(baseline_set({"other": 5.0})), Source(100.0))
+    assert r.comparisons["lat"].verdict is Verdict.NEW
+    assert r.comparisons["lat"].reason == "metric not in the stored entry"
+    assert "gbps" not in r.comparisons, "informational metrics are never compared"
+
+
+def test_other_hardware_under_a_forced_key_is_never_compared():
+    h200 = {"cpu": {"model": "x"}, "gpus": [{"name": "NVIDIA H200"}] * 2}
+    s = state(baseline_set({"lat": 50.0}, fingerprint=h200))
+    src = Source(100.0)  # would be a +100% regression if compared
+    r = record(s, src)
+    assert r.verdict is Verdict.ENV_MISMATCH and src.calls == 1
+    assert s.failure_line(r) is None
+    assert "recorded on GPUs" in r.note
+    # Without --hardware-key the folder itself is this hardware's: the header is not second-guessed.
+    assert record(state(baseline_set({"lat": 100.0}, fingerprint=h200), key_forced=False),
+                  Source(100.0)).verdict is Verdict.PASS
+
+
+def test_row_shows_the_metric_that_decided():
+    s = state(baseline_set({"lat": 100.0, "lat2": 100.0}))
+
+    def measure():
+        return {"lat": Metric(100.0, "us", "lower"), "lat2": Metric(150.0, "us", "lower")}
+
+    r = record(s, measure, primary="lat")
+    row = s.rows[-1]
+    assert (r.verdict, row.verdict, row.metric, row.value, row.baseline) == (
+        Verdict.REGRESSION, "REGRESSION", "lat2", 150.0, 100.0)
+    assert row.delta_pct == pytest.approx(50.0)
+
+
+def test_unknown_family_is_refused_before_measuring():
+    src = Source(1.0)
+    with pytest.raises(ValueError, match="family must be one of"):
+        state(baseline_set({})).record(nodeid="n", key="k", family="gemms", definition={}, measure=src)
+    assert src.calls == 0
+
+
+def test_update_entries_hold_gated_metrics_and_measured_provenance():
+    s = state(baseline_set({"lat": 100.0}))
+    record(s, Source(100.0))
+    entries = s.entries_by_family()
+    assert list(entries) == ["gemm"]
+    e = entries["gemm"]["k[1]"]
+    assert list(e["metrics"]) == ["lat"]
+    assert e["definition_hash"] == provenance.definition_hash(DEFINITION)
+    assert e["provenance"]["kind"] == "measured" and e["provenance"]["commit"]
+    assert e["provenance"]["versions"] == {"torch": "2.13.0"}
+
+
+def test_results_doc_has_every_case_with_its_numbers():
+    s = state(baseline_set({"lat": 100.0}))
+    record(s, Source(100.0))
+    record(s, Source(7.0), key="k[2]")
+    doc = s.results_doc()
+    assert doc["hardware_key"] == HW and doc["fingerprint"] == HERE
+    cases = {c["key"]: c for c in doc["cases"]}
+    lat = cases["k[1]"]["metrics"]["lat"]
+    assert (cases["k[1]"]["verdict"], lat["value"], lat["baseline"], lat["delta_pct"], lat["noise_band"]) == (
+        "PASS", 100.0, 100.0, 0.0, 0.0)
+    assert lat["unit"] == "us" and lat["direction"] == "lower" and lat["n"] == 3 and lat["gated"] is True
+    assert cases["k[1]"]["metrics"]["gbps"]["gated"] is False and "verdict" not in cases["k[1]"]["metrics"]["gbps"]
+    assert cases["k[2]"]["verdict"] == "NEW" and cases["k[2]"]["metrics"]["lat"]["baseline"] is None
+    assert cases["k[1]"]["samples"] == [100.0, 100.0, 100.0]
+
+
+def test_definition_hash_is_order_independent_and_sensitive():
+    a = provenance.definition_hash({"m": 1, "k": 7168})
+    assert a == provenance.definition_hash({"k": 7168, "m": 1})
+    assert a != provenance.definition_hash({"m": 2, "k": 7168})
+    assert len(a) == 16
