@@ -151,6 +151,30 @@ class FakeBench:
     def family_file(self, root: Path | None = None) -> Path:
         return (root or self.baselines) / HW / "gemm.json"
 
+    def write_baseline(self, values: dict[str, float], *, revs: dict[str, int] | None = None,
+                       fingerprint: dict | None = None, root: Path | None = None) -> Path:
+        """Store a gemm baseline file for the fake cases ('a' -> latency_us value), as an update on this
+        machine would have written it (same definition hashes, this machine's fingerprint)."""
+        from moebench import hardware, provenance
+        from moebench.baselines.store import dumps, merge_entries
+
+        entries = {}
+        for name, value in values.items():
+            definition = {"name": name, "rev": (revs or {}).get(name, 0)}
+            entries[f"fake[{name}]"] = {
+                "definition_hash": provenance.definition_hash(definition),
+                "metrics": {"latency_us": {"value": value, "unit": "us", "direction": "lower", "rel_tol": 0.05,
+                                           "noise": 0.0, "n": 5}},
+                "provenance": {"kind": "measured", "commit": "c0ffee", "date": "2026-01-01T00:00:00Z",
+                               "versions": {}},
+            }
+        doc, _ = merge_entries(None, HW, "gemm", fingerprint or hardware.fingerprint(), "2026-01-01T00:00:00Z",
+                               entries)
+        path = self.family_file(root)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(dumps(doc))
+        return path
+
     def calls(self) -> collections.Counter:
         """How many times each case's measure() ran in the last run."""
         p = self.path / "calls.txt"
@@ -165,7 +189,7 @@ class FakeBench:
                 mp.setenv(k, v)
             return self.pytester.runpytest_subprocess(
                 *UNRELATED_PLUGINS, "-p", "moebench.plugin", "--hardware-key", HW,
-                "--baseline-dir", str(self.baselines), "-rs", *args, timeout=120)
+                "--baseline-dir", str(self.baselines), "-rfEs", *args, timeout=120)
 
 
 @pytest.fixture
