@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# One benchmark job: snapshot the machine, run the gated suite, keep the run, plot the trends.
+#
+#   ci/nightly.sh [--cpu | --gpu] [--job NAME] [--markers EXPR] [--out DIR] [options] [-- PYTEST_ARGS...]
+#
+#   --cpu / --gpu        CPU mode (GPUs hidden, the matrix's `cpu` job) or GPU mode; default: GPU mode
+#                        when nvidia-smi lists a GPU, else CPU mode
+#   --job NAME           a job of ci/matrix.toml: its markers, timeout and GPU count (default: `cpu` in
+#                        CPU mode, `smoke` in GPU mode)
+#   --markers EXPR       the -m expression (overrides the job's)
+#   --out DIR            output folder (default: out/<job>-<UTC time>)
+#   --baseline-dir DIR   baselines to gate against (default: baselines)
+#   --storage URI        pytest-benchmark storage (default: file://$MOEBENCH_HOME/benchmark-storage;
+#                        elasticsearch+https://... works too, see ci/README.md)
+#   --history DIR        where results files are kept for the trend plots (default: $MOEBENCH_HOME/history)
+#   --timeout-minutes N  the job's limit; pytest is interrupted (SIGINT) early enough to still write
+#                        what it measured (default: the job's timeout_minutes)
+#   --strict/--no-strict --baseline-strict (NEW and STALE fail); default on in GPU mode, off in CPU mode
+#
+# Writes into the output folder: results.json, summary.md, junit.xml, pytest.log, proposed-baselines/,
+# machine/ (ci/snapshot.sh), report/ (plots/*.png, index.html, index.md), compare-previous.txt.
+# Exit code: pytest's (1 when a case regressed), else non-zero if the report could not be made.
+# MOEBENCH_HOME: $HOME/.moebench under GitHub Actions (it outlives the workspace on a self-hosted
+# runner), else .benchmarks/moebench in this checkout. PYTHON: the interpreter (default python3).
+set -uo pipefail
+shopt -s nullglob
+cd "$(dirname "$0")/.." || exit 2
+root="$PWD"
+py="${PYTHON:-python3}"
+export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moebench, installed or not
+
+die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
+
+mode=auto job="" markers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) mode=cpu ;;
+    --gpu) mode=gpu ;;
+    --job) job="${2:?--job needs a name}"; shift ;;
+    --markers) markers="${2:?--markers needs an expression}"; shift ;;
+    --out) out="${2:?--out needs a folder}"; shift ;;
+    --baseline-dir) baseline_dir="${2:?--baseline-dir needs a folder}"; shift ;;
+    --storage) storage="${2:?--storage needs a URI}"; shift ;;
+    --history) history="${2:?--history needs a folder}"; shift ;;
+    --timeout-minutes) timeout_min="${2:?--timeout-minutes needs a number}"; shift ;;
+    --strict) strict=1 ;;
+    --no-strict) strict=0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --) shift; extra=("$@"); break ;;
+    *) die "unknown option '$1' (see ci/nightly.sh --help)" ;;
+  esac
+  shift
+done
+
+if [ "$mode" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then mode=gpu; else mode=cpu; fi
+fi
+[ -n "$job" ] || job=$([ "$mode" = cpu ] && echo cpu || echo smoke)
+matrix() { "$py" ci/matrix.py --job "$job" --field "$1"; }
+[ -n "$markers" ] || markers=$(matrix markers) || die "cannot read job '$job' from ci/matrix.toml"
+[ -n "$timeout_min" ] || timeout_min=$(matrix timeout_minutes) || die "cannot read job '$job' from ci/matrix.toml"
+case "$timeout_min" in ''|*[!0-9]*) die "--timeout-minutes '$timeout_min': not a whole number of minutes" ;; esac
+gpus=$(matrix gpus 2>/dev/null || echo 0)
+[ -n "$strict" ] || strict=$([ "$mode" = gpu ] && echo 1 || echo 0)
+
+if [ "$mode" = cpu ]; then
+  # Hide any GPU: NVML then reports none, the hardware key is the CPU's, GPU cases skip with a reason.
+  export CUDA_VISIBLE_DEVICES=""
+elif [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && [ "${gpus:-0}" -gt 0 ]; then
+  CUDA_VISIBLE_DEVICES=$(seq -s, 0 $((gpus - 1)))
+  export CUDA_VISIBLE_DEVICES
+fi
+
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+[ -n "$out" ] || out="out/$job-$stamp"
+if [ "${GITHUB_ACTIONS:-}" = true ]; then home_default="$HOME/.moebench"; else home_default="$root/.benchmarks/moebench"; fi
+home="${MOEBENCH_HOME:-$home_default}"
+[ -n "$storage" ] || storage="${MOEBENCH_BENCHMARK_STORAGE:-file://$home/benchmark-storage}"
+[ -n "$history" ] || history="${MOEBENCH_HISTORY:-$home/history}"
+mkdir -p "$out" || die "cannot create $out"
+
+echo "== moebench $job ($mode mode): -m \"$markers\", limit $timeout_min min, CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-<all>}"
+echo "== output $out; storage $storage; history $history"
+ci/snapshot.sh "$out/machine"
+
+# --- the run: per-case lines (-v) and the outcome of every test (-rA) stay on the terminal and in the log.
+args=(-m "$markers" -v -rA --baseline-dir "$baseline_dir" --baseline-propose "$out/proposed-baselines"
+      --results-json "$out/results.json" --junitxml "$out/junit.xml" --summary-md "$out/summary.md"
+      --benchmark-storage "$storage" --benchmark-save "$job")
+[ "$strict" = 1 ] && args+=(--baseline-strict)
+# Leave a fifth of the limit (at most 5 minutes) for the report; SIGINT lets pytest write what it has.
+limit_s=$((timeout_min * 60)); reserve=$((limit_s / 5 < 300 ? limit_s / 5 : 300))
+echo "== $py -m pytest benchmarks/ ${args[*]} ${extra[*]}"
+timeout -s INT -k 120 $((limit_s - reserve)) "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/pytest.log"
+rc=${PIPESTATUS[0]}
+case "$rc" in
+  0) ;;
+  1) echo "== pytest: some cases failed (a regression or an error): see the verdict table above" ;;
+  5) echo "== pytest: -m \"$markers\" selected no test" ;;
+  124|130) echo "== pytest: interrupted at the time limit; the results hold the cases that finished" ;;
+  *) echo "== pytest exited $rc" ;;
+esac
+
+# --- keep the run, compare it with the previous one of this job, plot the trends.
+report_rc=0
+if [ -f "$out/results.json" ]; then
+  hw=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["hardware_key"])' "$out/results.json")
+  keep="$history/$hw/$job"
+  mkdir -p "$keep"
+  past=("$keep"/*.json)  # <UTC time>.json: the glob's order is the time order
+  prev="${past[*]: -1}"
+  cp "$out/results.json" "$keep/$stamp.json"
+  if [ -n "$prev" ]; then
+    "$py" -m moebench.cli compare "$prev" "$out/results.json" >"$out/compare-previous.txt" 2>&1
+    echo "== against the previous $job run ($(basename "$prev")): $(tail -n 1 "$out/compare-previous.txt")"
+    if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
+      { echo; echo "<details><summary>moebench $job: this run against the previous one</summary>"; echo;
+        echo '```'; cat "$out/compare-previous.txt"; echo '```'; echo "</details>"; } >>"$GITHUB_STEP_SUMMARY"
+    fi
+  fi
+  # The last 90 runs of this job on this hardware: a quarter of nightly history in one plot.
+  runs=("$keep"/*.json)
+  first=$((${#runs[@]} > 90 ? ${#runs[@]} - 90 : 0))
+  "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" --baseline-dir "$baseline_dir" || report_rc=$?
+else
+  echo "== no results file: pytest stopped before the end of the session (see $out/pytest.log)"
+  report_rc=1
+fi
+
+echo "== wrote $out: results.json summary.md junit.xml proposed-baselines/ report/index.html machine/"
+if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+exit "$report_rc"
