@@ -65,9 +65,10 @@ class GroupRun:
 class GroupFailure(Exception):
     """The group cannot go on: a deadline passed, a rank exited early, or a rank reported an error."""
 
-    def __init__(self, message: str, ranks: Sequence[int] = ()) -> None:
+    def __init__(self, message: str, ranks: Sequence[int] = (), job: int | None = None) -> None:
         super().__init__(message)
         self.ranks = tuple(ranks)
+        self.job = job  # the job the failing rank was in, when it said (its error or its last start)
 
 
 def default_rank_argv(spec_path: Path, rank: int) -> list[str]:
@@ -98,8 +99,8 @@ class _Monitor:
         self.procs = procs
         self.workdir = workdir
         self.readers = [Reader(messages_path(workdir, r)) for r in range(spec.world)]
-        self.seen: list[dict[str, dict]] = [{} for _ in procs]  # rank -> type -> last message
-        self.results: dict[int, dict[int, dict]] = {}           # job -> rank -> result
+        self.seen: list[dict[str, dict]] = [{} for _ in range(spec.world)]  # rank -> type -> last message
+        self.results: dict[int, dict[int, dict]] = {}  # job -> rank -> result
         self.last_message = time.monotonic()
 
     def pump(self) -> None:
@@ -111,21 +112,33 @@ class _Monitor:
                 if m["t"] == "result":
                     self.results.setdefault(m["job"], {})[r] = m
                 elif m["t"] == "error":
-                    raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r])
+                    raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r], m.get("job"))
         for r, p in enumerate(self.procs):
             status = processes.exit_status(p)
             if status is not None and "bye" not in self.seen[r]:
                 self.pump_once_more(r)
-                raise GroupFailure(f"rank {r} exited with status {status} before it was done", [r])
+                raise GroupFailure(f"rank {r} exited with status {status} before it was done", [r],
+                                   self.seen[r].get("start", {}).get("job"))
 
     def pump_once_more(self, r: int) -> None:
         # A rank that wrote its error line and exited: read the line before reporting the exit.
         for m in self.readers[r].poll():
             if m["t"] == "error":
-                raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r])
+                raise GroupFailure(f"rank {r} failed: {m.get('error', '?')}", [r], m.get("job"))
+
+    def complete_jobs(self) -> dict[int, list[dict]]:
+        """Results of the jobs every rank finished, in job order, up to the first unfinished one."""
+        out: dict[int, list[dict]] = {}
+        n = self.spec.world
+        for j in range(len(self.spec.cases)):
+            got = self.results.get(j, {})
+            if len(got) < n:
+                break
+            out[j] = [got[r] for r in range(n)]
+        return out
 
     def have(self, kind: str) -> list[int]:
-        return [r for r in range(len(self.procs)) if kind in self.seen[r]]
+        return [r for r in range(self.spec.world) if kind in self.seen[r]]
 
     def wait(self, done: Callable[[], bool], limit_s: float, what: Callable[[], str], stall_s: float | None = None) -> None:
         """Pump until done(); GroupFailure(what()) once limit_s has passed or, with stall_s, once no
@@ -148,14 +161,23 @@ def _missing(mon: _Monitor, kind: str) -> str:
     return ", ".join(map(str, missing)) or "none"
 
 
+def _rendezvous_failure(mon: _Monitor) -> str:
+    absent = [r for r in range(mon.spec.world) if "join" not in mon.seen[r]]
+    if absent:
+        waiting = [r for r in range(mon.spec.world) if r not in absent]
+        return (f"rank(s) {', '.join(map(str, absent))} did not reach the rendezvous on port {mon.spec.port} "
+                f"(rank(s) {', '.join(map(str, waiting)) or 'none'} waited in it)")
+    return (f"rank(s) {_missing(mon, 'ready')} did not get through the rendezvous and the first collective "
+            f"on port {mon.spec.port}")
+
+
 def _run_phases(spec: GroupSpec, mon: _Monitor, d: Deadlines, run: GroupRun) -> None:
     n = spec.world
     run.phase = "start"
     mon.wait(lambda: len(mon.have("hello")) == n, d.start_s,
              lambda: f"rank(s) {_missing(mon, 'hello')} did not start (import) ")
     run.phase = "rendezvous"
-    mon.wait(lambda: len(mon.have("ready")) == n, d.rendezvous_s,
-             lambda: f"rank(s) {_missing(mon, 'ready')} did not reach the rendezvous (port {spec.port})")
+    mon.wait(lambda: len(mon.have("ready")) == n, d.rendezvous_s, lambda: _rendezvous_failure(mon))
     run.ready = [mon.seen[r]["ready"] for r in range(n)]
     for j, case in enumerate(spec.cases):
         run.failed_job = j
@@ -210,14 +232,19 @@ def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv:
     t0 = time.monotonic()
     env = rank_env(spec)
     procs: list = []
+    mon = _Monitor(spec, procs, workdir)
     try:
         for r in range(spec.world):
             procs.append(processes.spawn(rank_argv(spec_path, r), env=env, stdout=stdout_path(workdir, r),
                                          stderr=stderr_path(workdir, r)))
         run.pids = [p.pid for p in procs]
-        _run_phases(spec, _Monitor(spec, procs, workdir), deadlines, run)
+        _run_phases(spec, mon, deadlines, run)
     except GroupFailure as e:
-        run.error = str(e)
+        # Messages are read in batches, so a rank can have finished jobs (or failed in one) that the
+        # phase loop had not reached yet: the monitor's record is the truth.
+        run.results = mon.complete_jobs()
+        if e.job is not None:
+            run.failed_job, run.phase = e.job, f"job {e.job} ({spec.cases[e.job].id})"
         err = e
     else:
         err = None

@@ -4,7 +4,8 @@ Each rank appends one JSON object per line to its own message file and flushes a
 parent reads complete lines only. Files rather than pipes: a rank never blocks on a parent that is
 busy, and what a killed rank had said is still there to read.
 
-Message types, in order: hello (imports done), ready (rendezvous and a warm-up collective done),
+Message types, in order: hello (imports done), join (entering the rendezvous), ready (rendezvous and
+a warm-up collective done),
 then per job: start, beat (a heartbeat at most every BEAT_S while it works), result; finally bye
 (every result sent; teardown follows). error: the rank failed and is about to exit non-zero.
 """

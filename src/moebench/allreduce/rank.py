@@ -67,6 +67,7 @@ def run(spec_path: Path, rank: int) -> None:
         out.send("hello", pid=os.getpid(), pgid=os.getpgid(0))
         if _fault_at(spec, rank, "rendezvous"):
             _hang()
+        out.send("join")  # about to block in the rendezvous: tells an absent rank from a waiting one
         coll.connect()
         out.send("ready", info=coll.info())
         for job, case in enumerate(spec.cases):
