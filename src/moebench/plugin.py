@@ -123,7 +123,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         need = 1
     m = item.get_closest_marker("gpus")
     if m is not None:
-        need = max(need, int(m.args[0]) if m.args else 1)
+        # gpus(2) or gpus(n=2): the keyword form used to be ignored, so the case needed only one GPU.
+        need = max(need, int(m.args[0]) if m.args else int(m.kwargs.get("n", 1)))
     if need:
         have = hardware.visible_gpu_count()
         if have < need:
