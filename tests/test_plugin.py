@@ -164,3 +164,44 @@ def test_full_cases_run_when_the_expression_names_full(fakebench):
     r = fakebench.run("-m", "gemm and not full")
     r.assert_outcomes(passed=2, skipped=2, deselected=1)
     assert "fake[full]" not in fakebench.calls()
+
+
+OTHER_HARDWARE_TESTS = '''
+import pytest
+
+from moebench.metrics import Metric
+
+
+@pytest.mark.decode
+def test_headline(moebench):
+    # The users' 97 ms/token figure exists only for their 8-GPU box: this box skips, showing it.
+    moebench.skip_other_hardware("decode[glm-5-nvfp4-tp8]", "decode", "needs 8 GPUs")
+
+
+@pytest.mark.decode
+def test_measured_here_too(moebench):
+    moebench.record("decode[glm-5-nvfp4-tp8]", "decode", {}, lambda: {"itl_ms": Metric(150.0, "ms", "lower")})
+'''
+
+
+def test_external_baseline_of_other_hardware_shows_as_env_mismatch(fakebench):
+    from moebench.baselines.store import dumps, new_document
+
+    rtx = "nvidia-rtx-pro-6000-blackwell-server-edition-x8"
+    doc = new_document(rtx, "decode", {"gpus": [{"name": "NVIDIA RTX PRO 6000 Blackwell Server Edition"}] * 8}, "d")
+    doc["entries"]["decode[glm-5-nvfp4-tp8]"] = {
+        "definition_hash": "0", "metrics": {"itl_ms": {"value": 97.0, "unit": "ms", "direction": "lower",
+                                                       "rel_tol": 0.05, "noise": 0.0, "n": 1}},
+        "provenance": {"kind": "external", "source": "user report: GLM-5-NVFP4, SGLang, TP8", "date": "d"}}
+    (fakebench.baselines / rtx).mkdir(parents=True)
+    (fakebench.baselines / rtx / "decode.json").write_text(dumps(doc))
+    fakebench.pytester.makepyfile(test_other=OTHER_HARDWARE_TESTS)
+    r = fakebench.run("test_other.py")
+    # 150 ms against 97 ms would be a regression; on other hardware it is never compared.
+    r.assert_outcomes(passed=1, skipped=1)
+    r.stdout.fnmatch_lines([
+        TABLE,
+        f"NEW *decode[[]glm-5-nvfp4-tp8[]]*itl_ms*150 ms*baseline exists only for {rtx} (not compared)",
+        f"ENV_MISMATCH *decode[[]glm-5-nvfp4-tp8[]]*itl_ms*-*97 ms*baseline for {rtx}: needs 8 GPUs",
+        "1 NEW, 1 ENV_MISMATCH",
+    ])
