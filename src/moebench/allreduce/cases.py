@@ -153,9 +153,12 @@ class AllreduceCase:
             "dtype": self.dtype, "bytes": self.nbytes, "mode": self.mode,
             "ops_per_sample": self.ops_per_sample, "distinct_buffers": self.ops_per_sample,
             "timer": "cuda-events" if self.on_gpu else "perf_counter",
-            "graph": "K allreduces captured in one torch.cuda.graph, per-op = replay / K" if self.mode == "graph"
-                     else "K eager calls between two timestamps, per-op = elapsed / K",
-            "sync": "ranks stop by a MIN vote each sample; a tiny allreduce aligns them before the timed region",
+            "timed_region": "one replay of a torch.cuda.graph holding K allreduces, per-op = time / K"
+                            if self.mode == "graph" else "K eager allreduce calls, per-op = time / K",
+            "sync": "ranks stop on a MIN vote each sample; " + (
+                "a tiny allreduce enqueued before the start event aligns the ranks on the GPU" if self.on_gpu
+                else "the vote (a blocking collective) aligns the ranks"),
+            "refill": "K buffers refilled from a pristine copy before each sample, outside the timed region",
             "stop_rule": {"min_samples": r.min_samples, "max_samples": r.max_samples,
                           "max_seconds": r.max_seconds, "target_noise": r.target_noise},
             "warmup_rounds": WARMUP_ROUNDS, "statistic": "median of the slowest rank",
