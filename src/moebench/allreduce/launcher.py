@@ -175,7 +175,7 @@ def _run_phases(spec: GroupSpec, mon: _Monitor, d: Deadlines, run: GroupRun) -> 
     n = spec.world
     run.phase = "start"
     mon.wait(lambda: len(mon.have("hello")) == n, d.start_s,
-             lambda: f"rank(s) {_missing(mon, 'hello')} did not start (import) ")
+             lambda: f"rank(s) {_missing(mon, 'hello')} did not start (Python, torch and backend imports)")
     run.phase = "rendezvous"
     mon.wait(lambda: len(mon.have("ready")) == n, d.rendezvous_s, lambda: _rendezvous_failure(mon))
     run.ready = [mon.seen[r]["ready"] for r in range(n)]

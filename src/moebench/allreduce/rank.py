@@ -20,6 +20,8 @@ from moebench.allreduce import collectives
 from moebench.allreduce.protocol import BEAT_S, GroupSpec, Sender, messages_path
 from moebench.allreduce.sampling import measure_case
 
+CLOSE_GRACE_S = 5.0
+
 
 def _watch_parent(parent_pid: int) -> None:
     def loop() -> None:
@@ -81,6 +83,11 @@ def run(spec_path: Path, rank: int) -> None:
         out.send("bye")
         if _fault_at(spec, rank, "teardown"):
             _hang()
+        # destroy_process_group has hung on us before: give it a few seconds, then leave regardless
+        # (the parent's teardown deadline is the backstop should even this not happen).
+        leave = threading.Timer(CLOSE_GRACE_S, os._exit, (0,))
+        leave.daemon = True
+        leave.start()
         coll.close()
     except BaseException as e:  # noqa: BLE001 - every failure must reach the parent as one line
         traceback.print_exc()
