@@ -143,6 +143,8 @@ class FakeBench:
         # A step summary from an outer CI job must not receive (or change) these runs' tables.
         monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
         monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+        # The fake gpu/gpus(2) cases must skip on any box, also when a developer runs this on a GPU one.
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
         markers = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["markers"]
         pytester.makeini("[pytest]\naddopts = --strict-markers -p no:cacheprovider\nmarkers =\n"
                          + "".join(f"    {m}\n" for m in markers))
@@ -168,8 +170,9 @@ class FakeBench:
                 "provenance": {"kind": "measured", "commit": "c0ffee", "date": "2026-01-01T00:00:00Z",
                                "versions": {}},
             }
-        doc, _ = merge_entries(None, HW, "gemm", fingerprint or hardware.fingerprint(), "2026-01-01T00:00:00Z",
-                               entries)
+        # The subprocess sees no GPUs (CUDA_VISIBLE_DEVICES is empty), so neither does the stored header.
+        here = {**hardware.fingerprint(), "gpus": []}
+        doc, _ = merge_entries(None, HW, "gemm", fingerprint or here, "2026-01-01T00:00:00Z", entries)
         path = self.family_file(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(dumps(doc))
