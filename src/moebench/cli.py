@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -53,7 +55,19 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
 
 
 def _num(x: float | None, unit: str = "") -> str:
-    return "-" if x is None else f"{x:.4g} {unit}".strip()
+    """4 significant digits, without an exponent in the range benchmarks live in (46870 us, 0.0123 ms)."""
+    if x is None:
+        return "-"
+    if x == 0 or not math.isfinite(x) or not 1e-3 <= abs(x) < 1e7:
+        text = f"{x:.4g}"
+    else:
+        text = f"{x:.{max(0, 3 - math.floor(math.log10(abs(x))))}f}"
+    return f"{text} {unit}".strip()
+
+
+def _natural(s: str) -> list:
+    """Sort key that puts m4 before m16."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
 def _pct(x: float | None, signed: bool = False) -> str:
@@ -104,6 +118,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         note = c.reason if c and c.verdict is not Verdict.PASS else ""
         if d.verdict == MISSING:
             note = "in the reference run only"
+        elif c is None:
+            note = "no gated metric: not compared"
         rows.append([d.verdict, d.key, d.metric or "-", _num(d.before, d.unit), _num(d.after, d.unit),
                      _pct(d.delta_pct, signed=True), _pct(100 * c.rel_tol if c and c.rel_tol is not None else None),
                      _pct(100 * c.noise if c and c.noise is not None else None), note])
@@ -137,21 +153,21 @@ def cmd_backends(args: argparse.Namespace) -> int:
     print(f"metric {metric}; speedup = times faster than {reference} on the same shape; "
           f"% = {args.floor_metric} (100% = at the memory floor)")
     print()
+    # Each cell is "value  speedup  % of floor [verdict]", its parts padded per column so they line up.
+    parts: dict[tuple[str, str], list[str]] = {}
+    for g, row in groups.items():
+        for b, c in row.items():
+            parts[g, b] = [_num(c.value, c.unit), f"{c.speedup:.2f}x" if c.speedup is not None else "-",
+                           f"{c.pct_of_floor:.0f}%" if c.pct_of_floor is not None else "",
+                           c.verdict if c.verdict not in ("PASS", "NEW") else ""]
+    widths = {b: [max((len(v[i]) for (g, bb), v in parts.items() if bb == b), default=0) for i in range(4)]
+              for b in backends}
     rows = []
-    for g in sorted(groups):
+    for g in sorted(groups, key=_natural):
         cells = [g]
         for b in backends:
-            c = groups[g].get(b)
-            if c is None:
-                cells.append("-")
-                continue
-            parts = [_num(c.value, c.unit)]
-            parts.append(f"{c.speedup:.2f}x" if c.speedup is not None else "  -  ")
-            if c.pct_of_floor is not None:
-                parts.append(f"{c.pct_of_floor:.0f}%")
-            if c.verdict not in ("PASS", "NEW"):
-                parts.append(c.verdict)
-            cells.append("  ".join(parts))
+            p = parts.get((g, b))
+            cells.append("-" if p is None else "  ".join(x.rjust(w) for x, w in zip(p, widths[b]) if w).rstrip())
         rows.append(cells)
     print(table(["shape"] + [b + (" (ref)" if b == reference else "") for b in backends], rows,
                 right=tuple(range(1, len(backends) + 1))))
