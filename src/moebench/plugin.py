@@ -41,6 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="write the closing verdict table as markdown here (also appended to $GITHUB_STEP_SUMMARY)")
     g.addoption("--hardware-key", metavar="KEY", default=None,
                 help="use this hardware key instead of the one detected through NVML")
+    from moebench.decode.options import add_decode_options
+
+    add_decode_options(g)
 
 
 def _registered_markers(config: pytest.Config) -> set[str]:

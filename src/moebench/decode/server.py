@@ -1,0 +1,108 @@
+"""Server mode: start an OpenAI-compatible server (vLLM or SGLang), wait for health, stream trials.
+
+The server runs in its own process group with its output in the case's log. Start-up is watched
+against a deadline while the process is polled, so a server that crashes fails at once and one that
+never becomes healthy fails at the deadline; a stream that breaks off fails its trial. Every failure
+carries the server's last log lines, and stop() always takes the whole process group down.
+With `url` alone (no command) the server is one already running elsewhere: nothing is started or
+stopped, only health and streams.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from moebench.decode import openai_stream
+from moebench.decode.openai_stream import StreamBroken
+from moebench.decode.procs import EngineError, EngineProcess, with_log
+from moebench.decode.stats import Trial
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerEngine:
+    """An OpenAI-compatible server for one case: start(), trial() per trial, stop() (always)."""
+
+    def __init__(self, url: str, cmd: Sequence[str] | None = None, log: Path | None = None,
+                 env: dict[str, str] | None = None, *, start_timeout: float, trial_timeout: float,
+                 grace_s: float = 10.0, health_path: str = "/health"):
+        self.url = url.rstrip("/")
+        self.cmd = list(cmd) if cmd else None
+        self.log = Path(log) if log else None
+        self.env = env
+        self.start_timeout = start_timeout
+        self.trial_timeout = trial_timeout
+        self.grace_s = grace_s
+        self.health_path = health_path
+        self.proc: EngineProcess | None = None
+        self.model = ""
+        self.usage_tokens: list[int | None] = []
+
+    def _fail(self, message: str) -> EngineError:
+        if self.log is None:
+            return EngineError(f"{message} (server at {self.url}, not started by moebench: no log)")
+        return EngineError(with_log(message, self.log))
+
+    def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
+        """Start the server (unless it is an external URL) and wait until /health answers 200.
+        Returns the seconds it took."""
+        t0 = time.monotonic()
+        if self.cmd:
+            assert self.log is not None
+            self.proc = EngineProcess(self.cmd, self.log, env=self.env)
+        deadline = t0 + self.start_timeout
+        next_note = t0 + 15
+        while True:
+            code = self.proc.exit_code() if self.proc else None
+            if code is not None:
+                raise self._fail(f"the server exited with code {code} before it became healthy "
+                                 f"({time.monotonic() - t0:.1f} s after start)")
+            try:
+                status, _ = openai_stream.get(self.url, self.health_path, timeout=2.0)
+                if status == 200:
+                    break
+            except OSError:
+                pass  # not listening yet
+            now = time.monotonic()
+            if now >= deadline:
+                raise self._fail(f"the server did not become healthy within {self.start_timeout:.0f} s "
+                                 f"(GET {self.url}{self.health_path})")
+            if now >= next_note:
+                progress(f"server starting ({now - t0:.0f} s)")
+                next_note += 15
+            time.sleep(0.25)
+        try:
+            self.model = openai_stream.served_model(self.url)
+        except (StreamBroken, OSError) as e:
+            raise self._fail(f"the server is healthy but lists no model: {e}") from None
+        if self.proc:
+            self.proc.remember_descendants()
+        return time.monotonic() - t0
+
+    def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool) -> Trial:
+        """Stream one completion and return its per-chunk timeline."""
+        payload = openai_stream.completion_payload(self.model, prompt, max_tokens)
+        try:
+            res = openai_stream.stream_completion(self.url, payload, read_timeout=self.trial_timeout,
+                                                  deadline=time.monotonic() + self.trial_timeout)
+        except StreamBroken as e:
+            code = self.proc.exit_code() if self.proc else None
+            if self.proc and code is None:
+                time.sleep(0.2)  # a killed server closes its sockets a moment before it is reaped
+                code = self.proc.exit_code()
+            gone = f"; the server process exited with code {code}" if code is not None else ""
+            raise self._fail(f"trial {index}: {e}{gone}") from None
+        self.usage_tokens.append(res.usage_tokens)
+        return res.trial(warmup)
+
+    def stop(self) -> list[int]:
+        """Stop the server's whole process group; returns pids that survived (none)."""
+        return self.proc.stop(self.grace_s) if self.proc else []

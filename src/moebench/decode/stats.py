@@ -1,0 +1,111 @@
+"""From per-chunk timestamps to the decode metrics: TTFT, inter-token latency, steady-state ms/token.
+
+A trial is one request: the time it was sent and, for every chunk of output the engine handed back,
+its arrival time and how many tokens it carried. Warm-up trials (torch.compile, Triton JIT, CUDA graph
+capture, autotuning: the users' first trial read 192 ms/token against 97 steady) are reported on their
+own and never mixed into the steady-state figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from moebench.metrics import Metric
+
+
+@dataclass
+class Trial:
+    """One request's output timeline. chunks: (seconds since the request was sent, tokens in chunk)."""
+
+    warmup: bool
+    chunks: list[tuple[float, int]] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+    @property
+    def ttft_s(self) -> float:
+        return self.chunks[0][0]
+
+    @property
+    def total_s(self) -> float:
+        return self.chunks[-1][0]
+
+    def itls_s(self) -> list[float]:
+        """Inter-token latencies. A chunk of k tokens arriving g seconds after the previous chunk counts
+        as k tokens of g/k each (engines may batch tokens into a chunk; the user waited g for k)."""
+        out: list[float] = []
+        for (t0, _), (t1, n) in zip(self.chunks, self.chunks[1:]):
+            out.extend([(t1 - t0) / n] * n)
+        return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    """The q-quantile (0..1) by linear interpolation between closest ranks."""
+    xs = sorted(xs)
+    if len(xs) == 1:
+        return xs[0]
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def check_trial(trial: Trial, expected_tokens: int, vocab_size: int | None) -> str | None:
+    """Why a trial's output is wrong (token count, token ids out of the vocabulary), or None."""
+    if not trial.chunks:
+        return "no output token"
+    if trial.tokens != expected_tokens:
+        return f"{trial.tokens} output tokens, expected {expected_tokens}"
+    if vocab_size and trial.token_ids and not all(0 <= t < vocab_size for t in trial.token_ids):
+        bad = next(t for t in trial.token_ids if not 0 <= t < vocab_size)
+        return f"token id {bad} outside the vocabulary (0..{vocab_size - 1})"
+    return None
+
+
+def decode_metrics(trials: list[Trial], *, rel_tol_ms_per_token: float = 0.10, rel_tol_ttft: float = 0.20) -> dict[str, Metric]:
+    """The family's metrics. Gated: ms_per_token (steady state: median ITL over all measured trials)
+    and ttft_ms (median over measured trials). Informational: ITL p90/p99, tokens/s, end-to-end ms per
+    token, and the warm-up trials' own figures."""
+    measured = [t for t in trials if not t.warmup]
+    warm = [t for t in trials if t.warmup]
+    if not measured:
+        raise ValueError("no measured trial")
+    itl_ms = [x * 1e3 for t in measured for x in t.itls_s()]
+    if not itl_ms:
+        raise ValueError("measured trials produced fewer than 2 tokens: no inter-token latency")
+    ttft_ms = [t.ttft_s * 1e3 for t in measured]
+    steady = Metric.from_samples(itl_ms, "ms", "lower", rel_tol=rel_tol_ms_per_token)
+    out = {
+        "ms_per_token": steady,
+        "ttft_ms": Metric.from_samples(ttft_ms, "ms", "lower", rel_tol=rel_tol_ttft),
+        "itl_p90_ms": Metric(_pct(itl_ms, 0.90), "ms", "lower", n=len(itl_ms), gated=False),
+        "itl_p99_ms": Metric(_pct(itl_ms, 0.99), "ms", "lower", n=len(itl_ms), gated=False),
+        "tokens_per_s": Metric(statistics.median(t.tokens / t.total_s for t in measured), "tokens/s", "higher",
+                               n=len(measured), gated=False),
+        "e2e_ms_per_token": Metric(statistics.median(1e3 * t.total_s / t.tokens for t in measured), "ms", "lower",
+                                   n=len(measured), gated=False),
+    }
+    if warm:
+        warm_itl = [x * 1e3 for t in warm for x in t.itls_s()]
+        if warm_itl:
+            out["warmup_ms_per_token"] = Metric(statistics.median(warm_itl), "ms", "lower", n=len(warm_itl), gated=False)
+        out["warmup_ttft_ms"] = Metric(statistics.median(t.ttft_s * 1e3 for t in warm), "ms", "lower",
+                                       n=len(warm), gated=False)
+        out["warmup_e2e_ms_per_token"] = Metric(statistics.median(1e3 * t.total_s / t.tokens for t in warm), "ms",
+                                                "lower", n=len(warm), gated=False)
+    return out
+
+
+def per_trial_summary(trials: list[Trial]) -> list[dict]:
+    """One line of figures per trial, warm-up marked, for the results JSON and progress lines."""
+    rows = []
+    for i, t in enumerate(trials):
+        itl = t.itls_s()
+        rows.append({"trial": i, "warmup": t.warmup, "tokens": t.tokens, "ttft_ms": round(t.ttft_s * 1e3, 3),
+                     "median_itl_ms": round(statistics.median(itl) * 1e3, 4) if itl else None,
+                     "e2e_ms_per_token": round(1e3 * t.total_s / t.tokens, 4) if t.tokens else None})
+    return rows
