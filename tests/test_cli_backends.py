@@ -1,0 +1,76 @@
+"""`moebench backends` on a recorded gemm run (tests/data/gemm-tiny-cpu.json: `-m "gemm and tiny"` on CPU)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+from moebench.cli import _num, main
+from moebench.runs import CaseRecord, backend_matrix, key_without, load_run, parse_run
+
+GEMM = Path(__file__).resolve().parents[1] / "tests" / "data" / "gemm-tiny-cpu.json"
+SHAPE = "tiny-tp8-gemm1-m4-bf16-decode"
+
+
+def test_speedups_against_the_reference(capsys):
+    run = load_run(GEMM)
+    backends, groups, metric = backend_matrix(run, reference="torch_loop")
+    assert backends == ["torch_loop", "torch_bmm", "torch_grouped_mm"] and metric == "wall_us"
+    row = groups[SHAPE]
+    assert row["torch_loop"].speedup == 1.0
+    assert row["torch_bmm"].speedup == row["torch_loop"].value / row["torch_bmm"].value
+    assert row["torch_bmm"].pct_of_floor == run.cases[f"gemm[{SHAPE}-torch_bmm]"].metrics["pct_of_floor"].metric.value
+
+    assert main(["backends", str(GEMM), "--reference", "torch_bmm"]) == 0
+    out = capsys.readouterr().out
+    assert "torch_bmm (ref)" in out and "times faster than torch_bmm" in out
+    line = next(line for line in out.splitlines() if line.startswith(SHAPE + " "))
+    assert f"{_num(row['torch_bmm'].value, 'us')}  1.00x" in line
+    shapes = [line.split()[0] for line in out.splitlines() if line.startswith("tiny-tp8-gemm1-")]
+    assert shapes == ["tiny-tp8-gemm1-m1-bf16-decode", "tiny-tp8-gemm1-m4-bf16-decode", "tiny-tp8-gemm1-m16-bf16-decode"]
+
+
+def test_higher_is_better_metric_speedup_is_a_ratio_of_values():
+    run = load_run(GEMM)
+    _, groups, metric = backend_matrix(run, reference="torch_loop", metric="GBps")
+    row = groups[SHAPE]
+    assert metric == "GBps" and row["torch_bmm"].speedup == row["torch_bmm"].value / row["torch_loop"].value
+
+
+def test_group_falls_back_to_the_key_without_its_backend():
+    assert key_without("gemm[kimi-k2.5-tp8-gemm1-m1-bf16-triton]", "triton") == "gemm[kimi-k2.5-tp8-gemm1-m1-bf16]"
+    assert key_without("gemm[a-vllm_triton-b]", "triton") == "gemm[a-vllm_triton-b]"  # whole tokens only
+    c = CaseRecord("gemm[x-m1-torch_bmm]", "gemm", "PASS", None, {}, info={"backend": "torch_bmm"})
+    assert c.shape_group() == "gemm[x-m1]"
+    doc = json.loads(GEMM.read_text())
+    for case in doc["cases"]:
+        case["info"].pop("group"), case["info"].pop("shape")
+    _, groups, _ = backend_matrix(parse_run(doc, "no-groups.json"), reference="torch_loop")
+    assert f"gemm[{SHAPE}]" in groups and len(groups[f"gemm[{SHAPE}]"]) == 3
+
+
+def test_bad_reference_metric_or_file_is_exit_2(tmp_path, capsys):
+    assert main(["backends", str(GEMM), "--reference", "vllm_triton"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"moebench backends: error: --reference 'vllm_triton': no such backend in {GEMM} "
+                   "(it has: torch_loop, torch_bmm, torch_grouped_mm)")
+    assert main(["backends", str(GEMM), "--metric", "graph_us"]) == 2
+    assert "metrics.graph_us: missing" in capsys.readouterr().err
+    selfcheck = GEMM.parent / "selfcheck-cpu-1.json"
+    assert main(["backends", str(selfcheck)]) == 2
+    assert "info.backend: no backend recorded" in capsys.readouterr().err
+
+
+def test_default_reference_is_vllm_triton_when_present(capsys):
+    doc = json.loads(GEMM.read_text())
+    extra = []
+    for case in doc["cases"]:
+        if case["info"]["backend"] == "torch_bmm":
+            c = copy.deepcopy(case)
+            c["key"] = c["key"].replace("torch_bmm", "vllm_triton")
+            c["info"]["backend"] = "vllm_triton"
+            extra.append(c)
+    doc["cases"] += extra
+    run = parse_run(doc, "with-vllm.json")
+    assert backend_matrix(run, reference="vllm_triton")[1][SHAPE]["vllm_triton"].speedup == 1.0

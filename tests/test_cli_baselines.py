@@ -1,0 +1,135 @@
+"""`moebench baselines show|diff|promote` on recorded results files, into temporary baseline folders."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moebench.baselines.store import load_file
+from moebench.cli import main
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+RUN1 = DATA / "selfcheck-h200-1.json"
+RUN2 = DATA / "selfcheck-h200-2.json"
+HW = "nvidia-h200-x1"
+COPY = "selfcheck[copy-1024MiB-cuda]"
+AA = "selfcheck[aa-copy-1024MiB-cuda]"
+
+
+def stored(root: Path) -> dict:
+    return load_file(root / HW / "selfcheck.json", hardware_key=HW, family="selfcheck")
+
+
+def test_promote_only_the_selected_case(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"promoted 1 case (measured in {RUN1}) into {root / HW / 'selfcheck.json'}: 1 change" in out
+    doc = stored(root)
+    assert list(doc["entries"]) == [COPY]
+    entry = doc["entries"][COPY]
+    run = json.loads(RUN1.read_text())
+    case = next(c for c in run["cases"] if c["key"] == COPY)
+    assert entry["metrics"]["copy_GBps"]["value"] == case["metrics"]["copy_GBps"]["value"]
+    assert "pct_of_session_ceiling" not in entry["metrics"]  # informational metrics are not baselines
+    assert entry["provenance"]["date"] == run["finished"] and entry["definition_hash"] == case["definition_hash"]
+
+
+def test_promote_keeps_other_entries_bytes_and_reviewed_rel_tol(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)]) == 0
+    path = root / HW / "selfcheck.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][COPY]["metrics"]["copy_GBps"]["rel_tol"] = 0.08  # a reviewer widened it
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    aa_before = json.dumps(doc["entries"][AA], sort_keys=True)
+    capsys.readouterr()
+
+    assert main(["baselines", "promote", str(RUN2), "--case", "selfcheck[copy-*", "--baseline-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"~ {COPY} copy_GBps:" in out
+    after = stored(root)
+    assert json.dumps(after["entries"][AA], sort_keys=True) == aa_before
+    assert after["entries"][COPY]["metrics"]["copy_GBps"]["rel_tol"] == 0.08
+
+
+def test_dry_run_writes_nothing(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", str(RUN1), "--all", "--dry-run", "--baseline-dir", str(root)]) == 0
+    assert "would promote 2 cases" in capsys.readouterr().out
+    assert not root.exists()
+
+
+def test_promote_from_a_proposed_folder(tmp_path, capsys):
+    proposed, root = tmp_path / "proposed", tmp_path / "baselines"
+    assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(proposed)]) == 0
+    assert main(["baselines", "promote", str(proposed), "--case", AA, "--baseline-dir", str(root)]) == 0
+    assert "proposed in" in capsys.readouterr().out
+    assert list(stored(root)["entries"]) == [AA]
+
+
+def test_promote_flags_a_regressed_case(tmp_path, capsys):
+    doc = json.loads(RUN2.read_text())
+    next(c for c in doc["cases"] if c["key"] == COPY)["verdict"] = "REGRESSION"  # as a gated run would say
+    src = tmp_path / "reviewed.json"
+    src.write_text(json.dumps(doc))
+    assert main(["baselines", "promote", str(src), "--case", COPY, "--baseline-dir", str(tmp_path / "b")]) == 0
+    assert f"! {COPY} was REGRESSION in that run" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--case", "selfcheck[nope]"], "--case 'selfcheck[nope]': no such case"),
+    ([], "one of the arguments --case --all is required"),
+])
+def test_promote_bad_selection_is_exit_2(tmp_path, capsys, args, expect):
+    with pytest.raises(SystemExit) as e:
+        code = main(["baselines", "promote", str(RUN1), "--baseline-dir", str(tmp_path / "b"), *args])
+        raise SystemExit(code)
+    assert e.value.code == 2
+    assert expect in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
+def test_promote_refuses_a_malformed_target_before_writing(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    (root / HW).mkdir(parents=True)
+    (root / HW / "selfcheck.json").write_text('{"schema_version": 1}')
+    assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("moebench baselines: error: ") and "selfcheck.json: hardware_key: missing" in err
+    assert (root / HW / "selfcheck.json").read_text() == '{"schema_version": 1}'
+
+
+def test_show_lists_entries_with_provenance(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)])
+    capsys.readouterr()
+    assert main(["baselines", "show", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert f"{root / HW / 'selfcheck.json'}: {HW} / selfcheck, 2 entries" in out
+    assert "recorded on 1 x NVIDIA H200" in out
+    assert COPY in out and "GB/s" in out and "measured " in out
+    assert main(["baselines", "show", str(root / HW / "selfcheck.json"), "--case", AA]) == 0
+    out = capsys.readouterr().out
+    assert AA in out and COPY not in out
+
+
+def test_diff_reports_changes_and_exit_code(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(a)])
+    main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(b)])
+    main(["baselines", "promote", str(RUN2), "--case", COPY, "--baseline-dir", str(b)])
+    capsys.readouterr()
+    assert main(["baselines", "diff", str(a), str(a), "--exit-code"]) == 0
+    assert "0 added, 0 removed, 0 changed, 2 unchanged" in capsys.readouterr().out
+    assert main(["baselines", "diff", str(a), str(b), "--exit-code"]) == 1
+    out = capsys.readouterr().out
+    assert f"- {HW}/selfcheck {AA}" in out
+    assert f"~ {HW}/selfcheck {COPY}: copy_GBps " in out and "0 added, 1 removed, 1 changed" in out
+
+
+def test_show_a_missing_path_is_exit_2(tmp_path, capsys):
+    assert main(["baselines", "show", str(tmp_path / "none")]) == 2
+    assert capsys.readouterr().err.strip() == f"moebench baselines: error: {tmp_path / 'none'}: no such file or folder"
