@@ -13,15 +13,16 @@ import pytest
 
 from moebench.allreduce.cases import CPU_RULE, AllreduceCase
 from moebench.allreduce.processes import group_members, pid_alive
+from moebench.allreduce.launcher import run_group
 from moebench.allreduce.runner import AllreduceRunner
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_gloo_ranks_check_then_time_every_case_of_a_group_in_one_launch():
+def test_gloo_ranks_check_then_time_every_case_of_a_group_in_one_launch(tmp_path):
     cases = [AllreduceCase("gloo", 2, "", "bf16", 7168, 1, "eager"),
              AllreduceCase("gloo", 2, "", "fp32", 6144, 2, "eager")]
-    runner = AllreduceRunner(cases)
+    runner = AllreduceRunner(cases, launch=lambda spec, d: run_group(spec, d, workdir_root=tmp_path))
     for c in cases:
         o = runner.outcome(c)
         assert o.error is None and o.unsupported is None
@@ -41,20 +42,29 @@ def test_gloo_ranks_check_then_time_every_case_of_a_group_in_one_launch():
 
 INNER = '''
 """A rank that never arrives fails its case; the next case still runs (see tests/test_allreduce_gloo.py)."""
+import pathlib
+
 import pytest
 
 from moebench.allreduce.bench import run_case
 from moebench.allreduce.cases import AllreduceCase
-from moebench.allreduce.launcher import Deadlines
+from moebench.allreduce.launcher import Deadlines, run_group
 from moebench.allreduce.protocol import Fault
 from moebench.allreduce.runner import AllreduceRunner
 
 CASE = AllreduceCase("gloo", 2, "", "bf16", 7168, 1, "eager")
+HERE = pathlib.Path(__file__).parent
+
+
+def launch(spec, deadlines):
+    return run_group(spec, deadlines, workdir_root=HERE)  # logs of a failed launch stay in pytester's folder
+
+
 RUNNERS = {
     # rank 1 says hello, then never joins the process group: rank 0 waits in the rendezvous
-    "absent": AllreduceRunner([CASE], deadlines=Deadlines(rendezvous_s=3, grace_s=0.5),
+    "absent": AllreduceRunner([CASE], deadlines=Deadlines(rendezvous_s=3, grace_s=0.5), launch=launch,
                               faults={"gloo-w2": Fault(rank=1, where="rendezvous")}),
-    "healthy": AllreduceRunner([CASE]),
+    "healthy": AllreduceRunner([CASE], launch=launch),
 }
 
 

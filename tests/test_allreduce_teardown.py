@@ -91,7 +91,7 @@ def launch(tmp_path: Path):
         def argv(spec_path: Path, r: int) -> list[str]:
             return [sys.executable, str(script), str(spec_path), str(r), modes[r], str(tmp_path)]
 
-        return run_group(spec, deadlines, rank_argv=argv)
+        return run_group(spec, deadlines, rank_argv=argv, workdir_root=tmp_path)
 
     return go
 
@@ -194,7 +194,7 @@ def test_interrupted_launch_still_tears_down(tmp_path, monkeypatch):
     monkeypatch.setattr(launcher, "_run_phases", interrupted)
     spec = GroupSpec("gloo", 2, "", (AllreduceCase("gloo", 2, "", "bf16", 7168, 1, "eager"),))
     with pytest.raises(KeyboardInterrupt):
-        run_group(spec, FAST, rank_argv=lambda p, r: [sys.executable, str(script), str(p), str(r), "norendezvous",
-                                                      str(tmp_path)])
+        run_group(spec, FAST, workdir_root=tmp_path,
+                  rank_argv=lambda p, r: [sys.executable, str(script), str(p), str(r), "norendezvous", str(tmp_path)])
     assert len(started) == 2 and not [p for p in started if pid_alive(p)]
     assert group_members(started) == {}

@@ -217,15 +217,17 @@ def _failure_text(spec: GroupSpec, e: GroupFailure, workdir: Path, run: GroupRun
 
 
 def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv: RankArgv = default_rank_argv,
-              keep_workdir: bool = False) -> GroupRun:
+              keep_workdir: bool = False, workdir_root: Path | None = None) -> GroupRun:
     """Launch spec.world ranks for one group, collect every job's results, tear everything down.
 
     Never raises for a rank's misbehaviour: the returned GroupRun carries the error, the jobs that did
-    finish, and the ranks' pids (all gone by the time this returns, or named in notes)."""
+    finish, and the ranks' pids (all gone by the time this returns, or named in notes). The ranks'
+    spec, messages and logs live in a fresh folder under workdir_root (default: the temp folder),
+    removed after a clean launch and kept after a failure (the error names it)."""
     if spec.port == 0:
         spec = GroupSpec(spec.backend, spec.world, spec.variant, spec.cases, processes.free_port(),
                          spec.collective_timeout_s, spec.fault, spec.parent_pid)
-    workdir = Path(tempfile.mkdtemp(prefix=f"moebench-allreduce-{spec.backend}-w{spec.world}-"))
+    workdir = Path(tempfile.mkdtemp(prefix=f"moebench-allreduce-{spec.backend}-w{spec.world}-", dir=workdir_root))
     spec_path = workdir / "spec.json"
     spec.write(spec_path)
     run = GroupRun(spec, workdir=workdir)
