@@ -151,29 +151,33 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
                     color=VERDICT_COLOURS.get(p.verdict, "#000000"), ecolor="#666666", elinewidth=1, capsize=3,
                     zorder=3)
     latest = t.latest
-    ax.annotate(f"{latest.value:.4g} {t.unit}", (latest.when, latest.value), textcoords="offset points",
-                xytext=(8, 6), fontsize=9)
+    ax.annotate(f"latest {latest.value:.4g} {t.unit}", (latest.when, latest.value), textcoords="offset points",
+                xytext=(-10, 10), ha="right", fontsize=9,
+                bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.8))
     better = "lower is better" if t.direction == "lower" else "higher is better"
     ax.set_title(f"{t.key}\n{t.metric} on {t.hardware_key}: latest {latest.verdict}", fontsize=11)
     ax.set_ylabel(f"{t.metric} ({t.unit}), {better}" if t.unit else f"{t.metric}, {better}")
-    ax.set_xlabel("run date (UTC)")
     ax.grid(True, alpha=0.3)
-    if len(xs) == 1 or xs[0] == xs[-1]:
-        ax.set_xlim(xs[0] - timedelta(hours=12), xs[0] + timedelta(hours=12))
-    loc = mdates.AutoDateLocator(minticks=3, maxticks=8)
-    ax.xaxis.set_major_locator(loc)
-    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(loc))
+    span = xs[-1] - xs[0]
+    # Room on both sides so the first and last points are not on the frame (an hour around a single run).
+    pad = max(span * 0.08, timedelta(minutes=2)) if span else timedelta(hours=1)
+    ax.set_xlim(xs[0] - pad, xs[-1] + pad)
+    ax.xaxis.set_major_locator(mdates.AutoDateLocator(minticks=3, maxticks=8))
+    # Days on the axis for a nightly history; hours too when the runs are less than two days apart.
+    ax.xaxis.set_major_formatter(mdates.DateFormatter("%b %d" if span >= timedelta(days=2) else "%b %d\n%H:%M"))
+    ax.set_xlabel(f"run date (UTC), {xs[0].year}" + (f"-{xs[-1].year}" if xs[-1].year != xs[0].year else ""))
     # y from 0 when the values are not far from it: a 10% step then looks like 10%.
     lo_y, hi_y = ax.get_ylim()
     if lo_y > 0 and lo_y < 0.5 * hi_y:
-        ax.set_ylim(0, hi_y)
+        lo_y = 0
+    ax.set_ylim(lo_y, hi_y + 0.12 * (hi_y - lo_y))  # headroom for the label of the latest value
     handles = [Line2D([], [], marker="o", linestyle="", color=VERDICT_COLOURS.get(v, "#000"), label=v)
                for v in dict.fromkeys(p.verdict for p in t.points)]
     handles.append(Line2D([], [], marker="", color="#666666", label="error bar: noise (relative spread)"))
     if bx:
         tol = t.latest.rel_tol
         handles += [Line2D([], [], color="#333333", linestyle="--", label="baseline"),
-                    Patch(color="#2ca02c", alpha=0.25, label=f"tolerance band (+-{100 * tol:.0f}%)")]
+                    Patch(color="#2ca02c", alpha=0.25, label=f"tolerance band (\u00b1{100 * tol:.0f}%)")]
     else:
         handles.append(Line2D([], [], linestyle="", label="no baseline stored"))
     ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
