@@ -62,12 +62,19 @@ def marker_names_in(expr: str) -> set[str]:
     return names - {"and", "or", "not", "True", "False", "None"}
 
 
-def pytest_configure(config: pytest.Config) -> None:
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Checked here, not in pytest_configure: pytest's own markers (skip, xfail, parametrize, ...) and
+    # plugins' (pytest-benchmark's `benchmark`) are registered by their pytest_configure hooks, which ran
+    # after this plugin's, so `-m "not xfail"` used to be refused as an unknown marker.
+    config = session.config
     markexpr = config.getoption("markexpr", default="") or ""
     unknown = sorted(marker_names_in(markexpr) - _registered_markers(config))
     if unknown:
         raise pytest.UsageError(f"-m {markexpr!r}: unknown marker {', '.join(map(repr, unknown))} "
                                 f"(known: {', '.join(sorted(_registered_markers(config)))})")
+
+
+def pytest_configure(config: pytest.Config) -> None:
     root = Path(config.getoption("baseline_dir"))
     if not root.is_absolute():
         root = Path(config.rootpath) / root
