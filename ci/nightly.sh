@@ -121,7 +121,10 @@ if [ -f "$out/results.json" ]; then
   # The last 90 runs of this job on this hardware: a quarter of nightly history in one plot.
   runs=("$keep"/*.json)
   first=$((${#runs[@]} > 90 ? ${#runs[@]} - 90 : 0))
-  "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" --baseline-dir "$baseline_dir" || report_rc=$?
+  # The stored baselines draw the line and band; without a baseline folder, each run's recorded baseline.
+  with_baselines=()
+  [ -d "$baseline_dir" ] && with_baselines=(--baseline-dir "$baseline_dir")
+  "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" || report_rc=$?
 else
   echo "== no results file: pytest stopped before the end of the session (see $out/pytest.log)"
   report_rc=1

@@ -1,0 +1,85 @@
+"""ci/nightly.sh in CPU mode, end to end: one real selfcheck case (about 10 s), with a recorded earlier
+run seeded into the history so the comparison and the two-run trend plots are exercised too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from moebench.baselines.store import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDED = REPO / "tests" / "data" / "selfcheck-cpu-1.json"
+
+
+def env(tmp_path: Path) -> dict:
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("GITHUB_", "MOEBENCH_", "PYTEST_"))}
+    e.update(PYTHON=sys.executable, PATH=f"{Path(sys.executable).parent}:{e.get('PATH', '/usr/bin:/bin')}",
+             MOEBENCH_HOME=str(tmp_path / "home"), GITHUB_STEP_SUMMARY=str(tmp_path / "step-summary.md"))
+    return e
+
+
+def cpu_hardware_key(e: dict) -> str:
+    r = subprocess.run([sys.executable, "-c", "from moebench.hardware import hardware_key; print(hardware_key())"],
+                       env={**e, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO / "src")}, capture_output=True,
+                       text=True, timeout=60, check=True)
+    return r.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def nightly(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("nightly")
+    e = env(tmp)
+    hw = cpu_hardware_key(e)
+    # The earlier run: a recorded CPU run, filed under this machine's key (the key is not a measurement).
+    earlier = json.loads(RECORDED.read_text())
+    earlier["hardware_key"] = hw
+    history = tmp / "home" / "history" / hw / "cpu"
+    history.mkdir(parents=True)
+    (history / "20000101T000000Z.json").write_text(json.dumps(earlier))
+    out = tmp / "out"
+    r = subprocess.run(["ci/nightly.sh", "--cpu", "--markers", "selfcheck", "--out", str(out), "--", "-k", "copy_bandwidth"],
+                       cwd=REPO, env=e, capture_output=True, text=True, timeout=300)
+    return r, out, tmp, hw
+
+
+def test_cpu_mode_writes_results_summary_junit_and_plots(nightly):
+    r, out, tmp, hw = nightly
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["hardware_key"] == hw and [c["key"] for c in results["cases"]] == ["selfcheck[copy-64MiB-cpu]"]
+    assert "selfcheck[copy-64MiB-cpu]" in (out / "summary.md").read_text()
+    assert "<testcase" in (out / "junit.xml").read_text()
+    assert json.loads((out / "machine" / "fingerprint.json").read_text())["hardware_key"] == hw
+    assert list((out / "report" / "plots").glob("*.png"))
+    assert "2 runs" in (out / "report" / "index.md").read_text()
+    assert (out / "report" / "index.html").exists()
+    load_file(out / "proposed-baselines" / hw / "selfcheck.json", hardware_key=hw, family="selfcheck")
+
+
+def test_progress_and_comparison_are_visible(nightly):
+    r, out, tmp, hw = nightly
+    assert "test_copy_bandwidth PASSED" in r.stdout  # per-case lines (-v) are not hidden
+    assert "[moebench] measuring the memory ceiling on cpu" in r.stdout
+    assert "against the previous cpu run (20000101T000000Z.json)" in r.stdout
+    assert "selfcheck[copy-64MiB-cpu]" in (out / "compare-previous.txt").read_text()
+    summary = (tmp / "step-summary.md").read_text()
+    assert f"moebench on {hw}" in summary and "this run against the previous one" in summary
+    # The run joins the history and pytest-benchmark's storage (files by default).
+    assert len(list((tmp / "home" / "history" / hw / "cpu").glob("*.json"))) == 2
+    assert (tmp / "home" / "benchmark-storage").is_dir()
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["--bogus"], "unknown option '--bogus'"),
+    (["--cpu", "--timeout-minutes", "soon"], "--timeout-minutes 'soon': not a whole number"),
+    (["--cpu", "--job", "nope"], "cannot read job 'nope'"),
+])
+def test_bad_options_exit_2(tmp_path, args, expect):
+    r = subprocess.run(["ci/nightly.sh", *args], cwd=REPO, env=env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and expect in r.stderr, r.stderr
