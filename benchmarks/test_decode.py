@@ -33,5 +33,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("decode_case", params)
 
 
-def test_decode(decode_case, moebench, tmp_path):
-    run_case(decode_case, moebench, tmp_path)
+def test_decode(decode_case, moebench, tmp_path, request):
+    log_root = request.config.getoption("decode_log_dir")
+    run_case(decode_case, moebench, Path(log_root) / decode_case.id if log_root else tmp_path)

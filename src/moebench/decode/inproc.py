@@ -15,10 +15,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
-from moebench.decode.procs import EngineError, EngineProcess, with_log
+from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.stats import Trial
+
+# The worker command (tests put a fake one that speaks the same protocol in its place).
+WORKER = (sys.executable, "-m", "moebench.decode.inproc_worker")
 
 
 class InProcessEngine:
@@ -27,8 +30,9 @@ class InProcessEngine:
     kind = "vllm"
 
     def __init__(self, spec: dict, log: Path, env: dict[str, str], *, start_timeout: float, trial_timeout: float,
-                 grace_s: float = 10.0):
+                 grace_s: float = 10.0, worker: Sequence[str] = WORKER):
         self.spec = spec
+        self.worker = list(worker)
         self.log = Path(log)
         self.env = env
         self.start_timeout = start_timeout
@@ -41,13 +45,13 @@ class InProcessEngine:
 
     def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
         """Start the worker and its engine; returns seconds until the engine was ready."""
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         spec_path = self.log.with_suffix(".spec.json")
         spec_path.write_text(json.dumps(self.spec, indent=2), encoding="utf-8")
         r, w = os.pipe()
         try:
-            self.proc = EngineProcess([sys.executable, "-m", "moebench.decode.inproc_worker", "--spec", str(spec_path),
-                                       "--events-fd", str(w)], self.log, env=self.env, pass_fds=[w],
-                                      stdin=subprocess.PIPE)
+            self.proc = EngineProcess(self.worker + ["--spec", str(spec_path), "--events-fd", str(w)], self.log,
+                                      env=self.env, pass_fds=[w], stdin=subprocess.PIPE)
         finally:
             os.close(w)  # the worker holds the write end; EOF here then means it is gone
         self._r = r
@@ -63,8 +67,8 @@ class InProcessEngine:
                                                     "max_tokens": max_tokens}) + "\n").encode())
             self.proc.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise EngineError(with_log(f"trial {index}: the engine process is gone "
-                                       f"(exit code {self.proc.exit_code()})", self.log)) from None
+            raise EngineError(f"trial {index}: the engine process is gone (exit code {self.proc.exit_code()})",
+                              self.log) from None
         ev = self._next_event("trial", time.monotonic() + self.trial_timeout, lambda s: None, trial=index)
         return Trial(warmup, [(float(t), int(n)) for t, n in ev["chunks"]], [int(i) for i in ev["token_ids"]])
 
@@ -85,7 +89,7 @@ class InProcessEngine:
             if line is not None:
                 ev = json.loads(line)
                 if ev.get("event") == "error":
-                    raise EngineError(with_log(f"the engine failed to {what}: {ev.get('message')}", self.log))
+                    raise EngineError(f"the engine failed to {what}: {ev.get('message')}", self.log)
                 if ev.get("event") == want:
                     return ev
                 continue
@@ -96,11 +100,11 @@ class InProcessEngine:
                 except subprocess.TimeoutExpired:
                     pass
             if code is not None or self._r is None:
-                raise EngineError(with_log(f"the engine process exited with code {code} before it could {what} "
-                                           f"({self.proc.elapsed():.1f} s after start)", self.log))
+                raise EngineError(f"the engine process exited with code {code} before it could {what} "
+                                  f"({self.proc.elapsed():.1f} s after start)", self.log)
             if time.monotonic() >= deadline:
                 limit = self.start_timeout if trial is None else self.trial_timeout
-                raise EngineError(with_log(f"the engine did not {what} within {limit:.0f} s", self.log))
+                raise EngineError(f"the engine did not {what} within {limit:.0f} s", self.log)
             if trial is None and time.monotonic() >= next_note:
                 progress(f"engine starting ({self.proc.elapsed():.0f} s)")
                 next_note += 15

@@ -107,6 +107,8 @@ def add_decode_options(group) -> None:
     """Register the decode family's options on the moebench option group (called from pytest_addoption)."""
     group.addoption("--decode-scenarios", metavar="PATH", default=None,
                     help=f"decode scenario file (default: <rootdir>/{DEFAULT_SCENARIOS})")
+    group.addoption("--decode-log-dir", metavar="DIR", default=None,
+                    help="keep every engine's log under DIR/<case id>/ (default: the test's tmp_path)")
     group.addoption("--decode-model", metavar="NAME=PATH", action="append", default=[],
                     type=lambda t: _split("--decode-model", t, _model_dir, need_name=True),
                     help="run scenario NAME on the model folder PATH (its weights; a folder with only "

@@ -2,8 +2,10 @@
 
 An engine (a vLLM/SGLang server, or the worker hosting vLLM's LLM class) spawns processes of its own:
 EngineCore, one worker per rank, compile workers. A hung rank must not outlive its case, so every
-engine starts as the leader of a new process group and stops by signalling the whole group (and any
-descendant that left it), SIGTERM first, SIGKILL after a grace period, until none is left.
+engine starts as the leader of a new process group and stops by signalling the whole group, SIGTERM
+first, SIGKILL after a grace period, until none is left. A process that leaves the group (setsid) is
+still found: every engine process inherits a MOEBENCH_ENGINE_ID environment variable unique to its
+engine, and stop() signals whatever carries it, orphans included.
 """
 
 from __future__ import annotations
@@ -12,14 +14,30 @@ import os
 import signal
 import subprocess
 import time
+import uuid
 from collections import deque
 from pathlib import Path
 from typing import Mapping, Sequence
 
 
 class EngineError(RuntimeError):
-    """An engine that crashed, never became ready, or broke off mid-stream. The message ends with the
-    engine's last log lines."""
+    """An engine that crashed, never became ready, or broke off mid-stream.
+
+    summary: one line saying what happened. The engine's last log lines are read when the error is
+    made (the log may be gone by the time anyone reads the error); str() gives both."""
+
+    def __init__(self, summary: str, log: Path | None = None, lines: int = 15):
+        self.summary = summary
+        self.log = Path(log) if log else None
+        self.log_lines = tail(self.log, lines) if self.log else []
+        super().__init__(self.summary + ("\n" + self.log_block() if self.log else ""))
+
+    def log_block(self) -> str:
+        """The engine's last log lines, indented, under a line naming the log file."""
+        if self.log is None:
+            return ""
+        body = "\n".join(f"    | {ln}" for ln in self.log_lines) if self.log_lines else "    | (the log is empty)"
+        return f"  last {len(self.log_lines)} lines of the engine log ({self.log}):\n{body}"
 
 
 def tail(path: Path, lines: int = 15, width: int = 300) -> list[str]:
@@ -30,13 +48,6 @@ def tail(path: Path, lines: int = 15, width: int = 300) -> list[str]:
     except OSError:
         return []
     return [ln[:width] for ln in last]
-
-
-def with_log(message: str, log: Path, lines: int = 15) -> str:
-    """An error message followed by the engine's last log lines and where the whole log is."""
-    last = tail(log, lines)
-    body = "\n".join(f"    | {ln}" for ln in last) if last else "    | (the log is empty)"
-    return f"{message}\n  last {len(last)} lines of the engine log ({log}):\n{body}"
 
 
 def _proc_stat(pid: int) -> tuple[str, int, int] | None:
@@ -69,6 +80,23 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
+TAG_VAR = "MOEBENCH_ENGINE_ID"
+
+
+def tagged(tag: str) -> list[int]:
+    """Live processes whose environment carries MOEBENCH_ENGINE_ID=tag (this user's processes)."""
+    needle = f"{TAG_VAR}={tag}".encode()
+    out = []
+    for pid in _all_pids():
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if needle in env.split(b"\0") and alive(pid):
+            out.append(pid)
+    return out
+
+
 def descendants(pid: int) -> list[int]:
     """Live descendants of a process (children that called setsid and left the group included)."""
     children: dict[int, list[int]] = {}
@@ -93,10 +121,12 @@ class EngineProcess:
         self.log = Path(log)
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "ab")
+        self.tag = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        full_env = dict(os.environ if env is None else env)
+        full_env[TAG_VAR] = self.tag
         self.started = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=stdin,
-                                     env=dict(env) if env is not None else None, cwd=cwd, pass_fds=tuple(pass_fds),
-                                     start_new_session=True)
+                                     env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True)
         self.pid = self.proc.pid  # == the process group id (start_new_session)
         self._known: set[int] = set()
 
@@ -137,6 +167,7 @@ class EngineProcess:
             os.killpg(self.pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+        self._known.update(tagged(self.tag))
         for pid in self._known:
             try:
                 os.kill(pid, sig)
@@ -145,4 +176,4 @@ class EngineProcess:
 
     def _remaining(self) -> list[int]:
         self.proc.poll()  # reap the leader once it exits, so it does not linger as a zombie
-        return sorted(set(group_members(self.pid)) | {p for p in self._known if alive(p)})
+        return sorted(set(group_members(self.pid)) | set(tagged(self.tag)) | {p for p in self._known if alive(p)})

@@ -19,7 +19,7 @@ import pytest
 
 from moebench.decode import commands, engine_log, floor, models
 from moebench.decode.inproc import InProcessEngine
-from moebench.decode.procs import EngineError, with_log
+from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase
 from moebench.decode.server import ServerEngine, free_port
 from moebench.decode.stats import Trial, check_trial, decode_metrics, per_trial_summary
@@ -114,7 +114,7 @@ def run_engine(case: DecodeCase, log: Path, progress: Callable[[str], None]) -> 
             wrong = check_trial(t, s.output_tokens, vocab)
             if wrong:
                 msg = f"trial {i}: wrong output: {wrong}"
-                raise EngineError(with_log(msg, log) if engine.log else msg)
+                raise EngineError(msg, engine.log)
             trials.append(t)
             itl = t.itls_s()
             progress(f"{case.id}: trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
@@ -179,8 +179,18 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))
         return metrics
 
+    failure: EngineError | None = None
     try:
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
                         group=f"decode {s.model_tag}")
     except EngineError as e:
-        pytest.fail(f"{case.key}: {e}", pytrace=False)
+        failure = e
+    if failure is not None:  # outside the except block: the report shows this message, not a chain
+        pytest.fail(failure_message(case.key, failure), pytrace=False)
+
+
+def failure_message(key: str, e: EngineError) -> str:
+    """What a failed case reports: the summary, the engine's last log lines, and the summary again as
+    the last line (the short test summary shows the first line, the verdict table the last)."""
+    block = e.log_block()
+    return f"{key}: {e.summary}\n{block}\n{e.summary}" if block else f"{key}: {e.summary}"

@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 from moebench.decode import openai_stream
 from moebench.decode.openai_stream import StreamBroken
-from moebench.decode.procs import EngineError, EngineProcess, with_log
+from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.stats import Trial
 
 
@@ -49,7 +49,7 @@ class ServerEngine:
     def _fail(self, message: str) -> EngineError:
         if self.log is None:
             return EngineError(f"{message} (server at {self.url}, not started by moebench: no log)")
-        return EngineError(with_log(message, self.log))
+        return EngineError(message, self.log)
 
     def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
         """Start the server (unless it is an external URL) and wait until /health answers 200.
