@@ -17,6 +17,7 @@ import json
 import math
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -377,6 +378,11 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 # --- the parser ---------------------------------------------------------------------------------
 
+def _wrap(text: str) -> str:
+    """Descriptions are wrapped here (the raw formatter keeps the examples' line breaks as written)."""
+    return "\n".join(textwrap.fill(par, 96) for par in text.split("\n"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of `moebench` (exposed for tests and docs)."""
     def fmt(prog: str) -> argparse.HelpFormatter:
@@ -386,11 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
                 epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
                        "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report}", required=True)
 
     c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
-                       description="Compare a candidate run with a reference run, case by case, with the gate's own "
-                                   "verdict (the reference's rel_tol and the larger noise of the two).",
+                       description=_wrap("Compare a candidate run with a reference run, case by case, with the gate's own "
+                                   "verdict (the reference's rel_tol and the larger noise of the two). Exit 1 when a case's "
+                                   "verdict is one --fail-on names (REGRESSION by default), 2 on bad input."),
                        epilog="example: moebench compare out/last-night/results.json out/tonight/results.json")
     c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json)")
     c.add_argument("b", metavar="CANDIDATE.json", help="results file of the run under test")
@@ -402,10 +409,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_compare)
 
     b = sub.add_parser("backends", formatter_class=fmt, help="MoE backends side by side per shape",
-                       description="One row per shape group, one column per backend: the metric's value, the "
-                                   "speedup against the reference backend and the %% of the memory floor.\n"
+                       description=_wrap("One row per shape group, one column per backend: the metric's value, the "
+                                   "speedup against the reference backend and the % of the memory floor.\n"
                                    "Reads info.backend of each case, and groups by the case's group, info.group, "
-                                   "info.shape, or the key without its backend token.",
+                                   "info.shape, or the key without its backend token."),
                        epilog="example: moebench backends out/results.json --reference vllm_triton --metric graph_us")
     b.add_argument("results", metavar="RESULTS.json", help="results file of a run with several backends")
     b.add_argument("--reference", metavar="BACKEND",
@@ -418,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff or promote baseline files",
                         description="Baseline files: baselines/<hardware-key>/<family>.json.")
-    bsub = bl.add_subparsers(dest="baselines_command", metavar="ACTION", required=True)
+    bsub = bl.add_subparsers(dest="baselines_command", title="actions", metavar="{show,diff,promote}", required=True)
     s = bsub.add_parser("show", formatter_class=fmt, help="a table of a baseline file or folder, with provenance")
     s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
     s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
@@ -429,10 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff --exit-code)")
     d.set_defaults(func=cmd_baselines_diff)
     pr = bsub.add_parser("promote", formatter_class=fmt, help="write reviewed values into the baseline folder",
-                         description="Take the selected cases of a reviewed results file (--results-json) or of "
+                         description=_wrap("Take the selected cases of a reviewed results file (--results-json) or of "
                                      "proposed baselines (--baseline-propose DIR) into the baseline folder. Entries "
                                      "not selected keep their bytes; a stored rel_tol is kept; every file is "
-                                     "validated before any is written, and each write is atomic.",
+                                     "validated before any is written, and each write is atomic."),
                          epilog="example: moebench baselines promote out/results.json --case 'gemm[kimi-*-triton]'")
     pr.add_argument("source", metavar="SOURCE", help="results JSON, proposed baseline file, or proposal folder")
     which = pr.add_mutually_exclusive_group(required=True)
@@ -443,10 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.set_defaults(func=cmd_baselines_promote)
 
     r = sub.add_parser("report", formatter_class=fmt, help="trend plots per case and an index page",
-                       description="Plot each case's metric over the given runs (dates on the x axis, the baseline "
+                       description=_wrap("Plot each case's metric over the given runs (dates on the x axis, the baseline "
                                    "and its tolerance band, points coloured by verdict) into OUT/plots/, and write "
                                    "OUT/index.html and OUT/index.md with every case's latest verdict. Needs "
-                                   "matplotlib (pip install 'moebench[plots]').",
+                                   "matplotlib (pip install 'moebench[plots]')."),
                        epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files, in any order (sorted by date)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for plots/, index.html and index.md")
