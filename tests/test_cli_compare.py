@@ -116,6 +116,7 @@ def test_case_selection(tmp_path, capsys):
 @pytest.mark.parametrize("content, expect", [
     ("{not json", "line 1 column 2: invalid JSON"),
     ('{"cases": []}', "hardware_key: missing"),
+    ('{"hardware_key": "x", "started": "last night", "cases": []}', "started: must be an ISO date"),
     ('{"hardware_key": "x", "started": "2026-01-01T00:00:00Z", "cases": [{"key": "k", "verdict": "PASS", '
      '"metrics": {"t": {"value": "fast", "unit": "us", "direction": "lower"}}}]}',
      "cases['k'].metrics.t.value: must be a number"),

@@ -19,6 +19,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -109,6 +110,14 @@ def _need(cond: bool, where: str, path: str, what: str) -> None:
         raise RunsError(f"{where}: {path}: {what}")
 
 
+def _iso(s: str) -> bool:
+    try:
+        datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
 def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
@@ -157,7 +166,8 @@ def parse_run(doc: Any, where: str) -> Run:
     for k in ("hardware_key", "started", "cases"):
         _need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
     _need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
-    _need(isinstance(doc["started"], str) and doc["started"], where, "started", "must be an ISO date string")
+    _need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
+          f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")
     _need(isinstance(doc["cases"], list), where, "cases", "must be a list")
     cases: dict[str, CaseRecord] = {}
     for i, c in enumerate(doc["cases"]):
