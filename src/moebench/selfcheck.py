@@ -38,8 +38,14 @@ class CopyWork:
 
         return calls, verify
 
-    def time(self, rule: StopRule, *, mode: str = "auto") -> list[float]:
-        """Per-copy samples in seconds (graph mode on a GPU, wall clock on CPU)."""
+    def time(self, rule: StopRule, *, mode: str = "graph") -> list[float]:
+        """Per-copy samples in seconds: on a GPU in graph or eager mode, on CPU by wall clock.
+
+        A device-to-device copy_ is a cudaMemcpyAsync; captured in a CUDA graph it becomes a memcpy node
+        that runs on the copy engines, which on an H200 moved 2761 GB/s where the same copy launched
+        eagerly (SM copy) moved 4187 GB/s. The ceiling is the eager figure; graph mode is still a fine
+        workload for A/A and sensitivity checks of the graph timer.
+        """
         calls, verify = self.build()
         verify()
         if self.device == "cpu":
