@@ -161,6 +161,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         pytest.skip(reason)
     s = case.scenario
     info: dict = {"scenario": s.name, "engine": case.engine, "model_dir": str(s.model_dir),
+                  "config_sha256": s.config_digest(),
                   "trials": s.trials, "warmup_trials": s.warmup_trials}
     attempt = [0]
 

@@ -173,9 +173,13 @@ class DecodeCase:
         """Everything that shapes the numbers (its hash makes a stored entry STALE when it changes).
         Trial counts, timeouts and paths are left out: they change noise or location, not the value."""
         s = self.scenario
+        # A dummy-weight model is its config, so the config's digest is part of the case; a checkpoint
+        # is named by its label (its config is recorded in the results, and a figure measured elsewhere
+        # on the same checkpoint, like the users' external one, stays comparable).
         return {
             "family": "decode", "engine": "openai" if self.engine_kind == "url" else self.engine,
-            "model": s.model_tag, "weights": s.weights, "config_sha256": s.config_digest(),
+            "model": s.model_tag, "weights": s.weights,
+            "config_sha256": s.config_digest() if s.weights == "dummy" else None,
             "device": s.device, "tp": s.tp, "dtype": s.dtype, "quantization": s.quantization or None,
             "moe_backend": s.moe_backend, "attention_backend": s.attention_backend, "cuda_graphs": s.cuda_graphs,
             "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens, "batch": 1, "sampling": "greedy",
@@ -264,7 +268,10 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
     s = Scenario(**kw)
     if "weights" not in raw and s.model not in models.shipped_models():
         d = s.model_dir
-        s = replace(s, weights="checkpoint" if d is None or models.has_weights(d) else "dummy")
+        if d is None:  # a typo in a shipped config's name must not turn into "needs a checkpoint"
+            raise ScenarioError(f"{w}: model: {s.model!r} is neither a shipped config ({', '.join(models.shipped_models())}) "
+                                "nor a folder here (a checkpoint given later with --decode-model needs weights = \"checkpoint\")")
+        s = replace(s, weights="checkpoint" if models.has_weights(d) else "dummy")
     return check_scenario(s, w)
 
 

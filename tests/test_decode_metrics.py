@@ -1,0 +1,105 @@
+"""Decode metrics from timelines, the weight-bytes floor, and reading back what the engine chose."""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench.decode import engine_log, floor, models
+from moebench.decode.stats import Trial, check_trial, decode_metrics, per_trial_summary
+
+
+def _trial(ttft_ms: float, itl_ms: float, n: int, warmup: bool = False) -> Trial:
+    return Trial(warmup, [((ttft_ms + i * itl_ms) / 1e3, 1) for i in range(n)], list(range(n)))
+
+
+def test_steady_state_is_the_median_itl_of_measured_trials_only():
+    trials = [_trial(900, 192, 5, warmup=True), _trial(50, 97, 5), _trial(60, 99, 5)]
+    m = decode_metrics(trials)
+    assert m["ms_per_token"].value == pytest.approx(98, abs=1.01)  # 97,97,97,97,99,99,99,99 -> 98
+    assert m["ms_per_token"].n == 8 and m["ms_per_token"].gated and m["ms_per_token"].rel_tol == 0.10
+    assert m["ttft_ms"].value == pytest.approx(55) and m["ttft_ms"].gated and m["ttft_ms"].rel_tol == 0.20
+    # the warm-up trial is reported apart, never mixed in, never gated
+    assert m["warmup_ms_per_token"].value == pytest.approx(192) and not m["warmup_ms_per_token"].gated
+    assert m["warmup_ttft_ms"].value == pytest.approx(900)
+    assert all(not m[k].gated for k in m if k not in ("ms_per_token", "ttft_ms"))
+
+
+def test_percentiles_tokens_per_second_and_e2e():
+    t = Trial(False, [(0.010, 1)] + [(0.010 + 0.001 * i, 1) for i in range(1, 100)] + [(0.199, 1)], [])
+    m = decode_metrics([t])
+    assert m["itl_p90_ms"].value == pytest.approx(1.0)
+    assert m["itl_p99_ms"].value > 1.0  # the one 90 ms gap sits at the top
+    assert m["tokens_per_s"].value == pytest.approx(101 / 0.199)
+    assert m["e2e_ms_per_token"].value == pytest.approx(199 / 101)
+
+
+def test_a_chunk_of_k_tokens_counts_k_inter_token_latencies():
+    t = Trial(False, [(0.1, 1), (0.2, 4)], [])
+    assert t.tokens == 5 and t.itls_s() == pytest.approx([0.025] * 4)
+
+
+def test_no_measured_trial_is_an_error():
+    with pytest.raises(ValueError):
+        decode_metrics([_trial(1, 1, 3, warmup=True)])
+
+
+def test_trial_checks():
+    assert check_trial(_trial(1, 1, 4), 4, 100) is None
+    assert check_trial(_trial(1, 1, 3), 4, 100) == "3 output tokens, expected 4"
+    assert check_trial(Trial(False), 4, 100) == "no output token"
+    bad = Trial(False, [(0.1, 2)], [5, 100])
+    assert check_trial(bad, 2, 100) == "token id 100 outside the vocabulary (0..99)"
+
+
+def test_per_trial_summary_marks_warmup():
+    rows = per_trial_summary([_trial(10, 2, 3, warmup=True), _trial(5, 1, 3)])
+    assert [r["warmup"] for r in rows] == [True, False] and rows[0]["median_itl_ms"] == pytest.approx(2)
+
+
+def test_floor_counts_the_tiny_config_by_hand():
+    cfg = models.read_config(models.shipped_models()["tiny"])
+    wb = floor.weight_bytes_per_token(cfg, "bfloat16")
+    h, heads, q, kv, nope, rope, v = 256, 4, 256, 512, 64, 64, 64
+    attn_per_layer = (h * q + q + q * heads * (nope + rope)) + (h * (kv + rope) + kv + kv * heads * (nope + v)) \
+        + heads * v * h + 2 * h
+    assert wb.attention == 2 * attn_per_layer * 2
+    assert wb.dense_mlp == 1 * 3 * h * 512 * 2
+    assert wb.moe == 1 * (8 * h * 2 + 8 * 4 + (2 + 1) * 3 * h * 128 * 2)
+    assert wb.head == (2048 * h + 2 * h) * 2
+    assert wb.floor_ms(1e9) == pytest.approx(1e3 * wb.total / 1e9)
+
+
+def test_floor_of_the_kimi_shard():
+    cfg = models.read_config(models.shipped_models()["kimi-k2.5-shard"])
+    wb = floor.weight_bytes_per_token(cfg, "bfloat16")
+    # 7 MoE layers x (router + 9 experts x 3 x 7168 x 256) x 2 bytes = 732 MB of 1.54 GB; with only 8
+    # layers the LM head (20480 x 7168) and the replicated MLA A-projections weigh in too.
+    assert wb.moe == pytest.approx(7 * (384 * 7168 * 2 + 384 * 4 + 9 * 3 * 7168 * 256 * 2))
+    assert wb.total == pytest.approx(1.539e9, rel=1e-3) and 0.45 < wb.moe / wb.total < 0.5
+    q = floor.weight_bytes_per_token(cfg, "bfloat16", "int4", tp=2)
+    assert q.moe < wb.moe / 2 and q.attention == pytest.approx(wb.attention / 2)
+
+
+def test_floor_refuses_what_it_cannot_count():
+    with pytest.raises(floor.FloorUnknown):
+        floor.weight_bytes_per_token({"hidden_size": 8}, "bfloat16")
+    cfg = models.read_config(models.shipped_models()["tiny"])
+    with pytest.raises(floor.FloorUnknown):
+        floor.weight_bytes_per_token(cfg, "bfloat16", "mystery-quant")
+
+
+def test_engine_log_choices(tmp_path):
+    log = tmp_path / "engine.log"
+    log.write_text(
+        "(EngineCore pid=1) INFO 11-29 22:05:59 [cuda.py:378] Using FLASHMLA attention backend out of potential backends: ['FLASHMLA'].\n"
+        "(Worker_TP0 pid=2) INFO 11-29 22:05:59 [unquantized.py:364] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON'].\n"
+        "(Worker_TP1 pid=3) INFO 11-29 22:05:59 [unquantized.py:364] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON'].\n"
+        "(Worker pid=2) INFO 11-29 22:05:59 [nvfp4.py:244] Using 'MARLIN' NvFp4 MoE backend out of potential backends: [...]\n"
+        "(Worker pid=2) INFO [cpu.py:175] Using CPU_MLA backend.\n"
+        "(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine with config: quantization=None, backend=x\n"
+        "[2026-11-29] server_args=ServerArgs(attention_backend='flashinfer', moe_runner_backend='flashinfer_cutlass', quantization='modelopt_fp4')\n")
+    c = engine_log.choices(log)
+    assert c["attention"] == ["FLASHMLA", "CPU_MLA", "flashinfer"]
+    assert c["moe"] == ["TRITON (Unquantized MoE)", "MARLIN (NvFp4 MoE)", "flashinfer_cutlass"]
+    assert c["other"] == ["modelopt_fp4 (quantization)"]
+    assert engine_log.choices(tmp_path / "missing.log")["moe"] == []
