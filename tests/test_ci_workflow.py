@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+yaml = pytest.importorskip("yaml", reason="PyYAML is not installed (pip install pyyaml)")
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOW = REPO / ".github" / "workflows" / "nightly.yml"
