@@ -310,3 +310,57 @@ def test_build_on_cpu_fails_with_a_clear_message(tiny_wl):
 
     with pytest.raises(ValueError, match="CUDA"):
         build_vllm_triton(_case("int4-g32"), tiny_wl)
+
+
+# --- the int4 block-size workaround (vLLM 0.21 crashes on group 32 at M <= 2) ---------------------------
+
+class _FakeFm:
+    """Stands in for vLLM 0.21's fused_moe module: gemm1 (size_k = K) gets BLOCK_SIZE_K 512 when few M
+    blocks, as 0.21's get_moe_wna16_block_config gives Kimi at M <= 2; gemm2 (size_k = I) gets 256."""
+
+    def __init__(self, cuda=True, tuned=False):
+        self.cuda, self.tuned = cuda, tuned
+
+    def should_moe_wna16_use_cuda(self, num_valid_tokens, group_size, num_experts, bit):
+        return self.cuda
+
+    def try_get_optimal_moe_config(self, w1_shape, w2_shape, top_k, dtype, M, block_shape=None):
+        base = {"BLOCK_SIZE_M": min(16, M), "SPLIT_K": 1}
+        return {**base, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64} if self.tuned else base
+
+    def get_moe_wna16_block_config(self, config, use_moe_wna16_cuda, num_valid_tokens, size_k, size_n,
+                                   num_experts, group_size, real_top_k, block_size_m):
+        few = num_valid_tokens // real_top_k <= 2
+        return {"BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 512 if (size_k % 512 == 0 and few) else 256}
+
+
+def test_wna16_block_k_fix():
+    from moebench.gemm.backends.vllm_backends import wna16_block_k_fix
+
+    fix = wna16_block_k_fix(_FakeFm(), 1, 8, 384, 7168, 256, 32)
+    assert fix["BLOCK_SIZE_K"] == 256 and fix["BLOCK_SIZE_N"] == 128 and fix["BLOCK_SIZE_M"] == 1
+    assert fix["_vllm_choice"]["gemm1"]["BLOCK_SIZE_K"] == 512
+    assert wna16_block_k_fix(_FakeFm(), 1, 8, 384, 7168, 256, 128) is None  # 512 / 128 = 4 groups: valid
+    assert wna16_block_k_fix(_FakeFm(), 16, 8, 384, 7168, 256, 32) is None
+    assert wna16_block_k_fix(_FakeFm(cuda=False), 1, 8, 384, 7168, 256, 32) is None
+    assert wna16_block_k_fix(_FakeFm(tuned=True), 1, 8, 384, 7168, 256, 32) is None
+
+
+def test_with_override_restores_on_error():
+    import contextlib
+
+    from moebench.gemm.backends.vllm_backends import _with_override
+
+    state = {"cfg": None}
+
+    @contextlib.contextmanager
+    def override_config(cfg):  # shaped like vLLM's: no try/finally
+        old = state["cfg"]
+        state["cfg"] = cfg
+        yield
+        state["cfg"] = old
+
+    assert _with_override(override_config, {"a": 1}, lambda: state["cfg"]) == {"a": 1}
+    with pytest.raises(ZeroDivisionError):
+        _with_override(override_config, {"a": 2}, lambda: 1 / 0)
+    assert state["cfg"] is None

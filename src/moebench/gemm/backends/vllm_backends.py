@@ -37,6 +37,12 @@ so dequantizing them gives QuantWeight.dequantize()'s floats):
 
 Every call is CUDA-graph capturable: weights, scales, quant configs and workspaces are built once;
 per-rotation inputs and routings are fixed tensors; nothing in a call syncs with the host.
+
+Run once on one H200 with vLLM 0.21.0 (2026-11-29; tiny, Kimi, DeepSeek, GLM shapes): every dtype built,
+captured in a CUDA graph and matched the float32 reference; relative errors: bf16 ~4.5e-3, fp8 4-5.5e-2,
+Marlin int4 ~6e-3, Marlin nvfp4 ~5e-3, fused_experts int4 5.6e-3 on the Triton gptq kernel (M*topk/E > 6)
+but 1.0-1.5e-2 on vLLM's moe_wna16 CUDA kernel (bf16 products and bf16 atomicAdd across K splits),
+above a 1e-2 bound. vLLM 0.21 crashes on int4 group 32 at M <= 2 (see wna16_block_k_fix).
 """
 
 from __future__ import annotations
@@ -49,6 +55,10 @@ from moebench.gemm.backends.base import Backend, Built
 from moebench.gemm.cases import GemmCase
 
 _FUSED = frozenset({"fused"})
+# vLLM 0.21's fused_experts crashes on int4 group 32 at M <= 2 for K % 512 == 0 (see wna16_block_k_fix);
+# True runs those cases with the largest block vLLM's kernel accepts, recorded in Built.info["workaround"];
+# False lets vLLM's own choice run (and fail).
+WNA16_BLOCK_K_WORKAROUND = True
 _INT4_GROUP = {"int4-g32": 32, "int4-g128": 128}
 TRITON_DTYPES = frozenset({"bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128"})
 MARLIN_DTYPES = frozenset({"int4-g32", "int4-g128", "nvfp4"})
@@ -149,6 +159,53 @@ def marlin_block_size_m(m: int, topk: int, experts: int) -> int:
         if m * topk / experts / b < 0.9:
             return b
     return 64
+
+
+def wna16_block_k_fix(fm, m: int, topk: int, experts: int, k: int, i: int, group: int) -> dict | None:
+    """A config for fused_experts' int4 path when vLLM's own choice would crash, else None.
+
+    vLLM 0.21's get_moe_wna16_block_config doubles BLOCK_SIZE_K to 512 when there are few M blocks and
+    K % 512 == 0 (Kimi/GLM gemm1 at M <= 2), and its moe_wna16 CUDA kernel then rejects group 32
+    ("BLOCK_SIZE_K // group_size must be one of [1, 2, 4, 8]"). This asks vLLM's own functions, with
+    the arguments fused_experts passes them, what each GEMM would get; if either is invalid it returns
+    vLLM's base config plus gemm1's BLOCK_SIZE_N and the largest valid BLOCK_SIZE_K (<= 8 groups,
+    dividing both K and I), to be applied through vLLM's override_config."""
+    if not fm.should_moe_wna16_use_cuda(num_valid_tokens=m * topk, group_size=group, num_experts=experts, bit=4):
+        return None
+    base = dict(fm.try_get_optimal_moe_config((experts, 2 * i, k // 2), (experts, k, i // 2), topk, "int4_w4a16",
+                                              m, block_shape=[0, group]))
+    if "BLOCK_SIZE_N" in base and "BLOCK_SIZE_K" in base:
+        return None  # a tuned file sets them; vLLM uses them as they are
+
+    def choose(size_k: int, size_n: int) -> dict:
+        # invoke_fused_moe_wna16_cuda_kernel passes num_experts=B.size(1) (= size_n); mirrored as is.
+        return fm.get_moe_wna16_block_config(config=base, use_moe_wna16_cuda=True, num_valid_tokens=m * topk,
+                                             size_k=size_k, size_n=size_n, num_experts=size_n, group_size=group,
+                                             real_top_k=topk, block_size_m=base["BLOCK_SIZE_M"])
+
+    def valid(bk: int, size_k: int) -> bool:
+        return size_k % bk == 0 and bk % group == 0 and bk // group in (1, 2, 4, 8)
+
+    g1, g2 = choose(k, 2 * i), choose(i, k)
+    if valid(g1["BLOCK_SIZE_K"], k) and valid(g2["BLOCK_SIZE_K"], i):
+        return None
+    start = min(g1["BLOCK_SIZE_K"], 8 * group)
+    for bk in range(start - start % group, group - 1, -group):
+        if valid(bk, k) and valid(bk, i):
+            return {**base, "BLOCK_SIZE_N": g1["BLOCK_SIZE_N"], "BLOCK_SIZE_K": bk,
+                    "_vllm_choice": {"gemm1": dict(g1), "gemm2": dict(g2)}}
+    raise RuntimeError(f"no valid moe_wna16 BLOCK_SIZE_K for K={k}, I={i}, group {group}")
+
+
+def _with_override(override_config, config: dict, f):
+    """Run f under vLLM's override_config, restoring the previous config even when f raises (vLLM's
+    context manager has no try/finally and would leave the override set for every later case)."""
+    cm = override_config(config)
+    cm.__enter__()
+    try:
+        return f()
+    finally:
+        cm.__exit__(None, None, None)
 
 
 # --- shared build helpers -------------------------------------------------------------------------------
@@ -353,6 +410,13 @@ def build_vllm_triton(case: GemmCase, wl) -> Built:
         calls.append(lambda x=x, ids=ids, tw=tw: fused_experts(x, w1, w2, tw, ids, **extra))
 
     M, E, topk = wl.M, wl.E, wl.topk
+    fix = None
+    if d in _INT4_GROUP and WNA16_BLOCK_K_WORKAROUND:
+        fix = wna16_block_k_fix(fm, M, topk, E, wl.K, wl.I, _INT4_GROUP[d])
+        if fix is not None:
+            vllm_choice = fix.pop("_vllm_choice")
+            override = importlib.import_module("vllm.model_executor.layers.fused_moe").override_config
+            calls = [lambda f=f: _with_override(override, fix, f) for f in calls]
     info = {"impl": "vllm.model_executor.layers.fused_moe.fused_moe.fused_experts",
             "vllm_version": _vllm_version(), "pinned": "fused_experts called directly (Triton; no modular "
             "kernel / MoE backend oracle); inplace not passed (outplace op); activation SiLU-and-mul"}
@@ -389,6 +453,10 @@ def build_vllm_triton(case: GemmCase, wl) -> Built:
         info["expert_assignment"] = ("naive (M*topk*4 <= E: one block per (token, expert), no "
                                      "moe_align_block_size)" if M * topk * 4 <= E else "moe_align_block_size")
     info.update(_triton_config_info(fm, case, wl, p, quant_block))
+    if fix is not None:
+        info["triton_config"] = dict(fix)
+        info["workaround"] = (f"vLLM's get_moe_wna16_block_config picks {vllm_choice} here, which its moe_wna16 CUDA "
+                              f"kernel rejects for group {_INT4_GROUP[d]}; ran with override_config({fix}) instead")
     calls = _probe(calls, info)
     return Built(calls, [], info)
 
