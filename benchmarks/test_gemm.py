@@ -35,7 +35,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The full product is ~10^4 cases: generated only when -m asks for `full`, so that collecting the
     # default selection stays fast.
     full = "full" in marker_names_in(metafunc.config.getoption("markexpr", default="") or "")
-    cases = [c for c in ALL_CASES if c.backend in BACKENDS and BACKENDS[c.backend].supports(c) and (full or is_default(c))]
+    cases = [c for c in ALL_CASES if BACKENDS[c.backend].supports(c) and (full or is_default(c))]
     metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in cases])
 
 

@@ -8,10 +8,11 @@ from moebench.metrics import Metric
 from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
 # Relative error bound (||out - ref|| / ||ref||) against the float32 reference of the (dequantized)
-# weights. fp8 w8a8 also rounds the activations to e4m3 (3 mantissa bits), hence its looser bound.
-ERROR_BOUND = {"bf16": 1e-2, "int4-g32": 1e-2, "int4-g128": 1e-2, "nvfp4": 1e-2, "fp8-tensor": 6e-2,
-               "fp8-block128": 6e-2}
-GPU_RULE = StopRule(min_samples=10, max_samples=100, max_seconds=1.0, target_noise=0.01)
+# weights. fp8 w8a8 also rounds the activations to e4m3 (3 mantissa bits, ~4% RMS per element, twice
+# in the fused MoE: a kernel measured 5.4e-2 on CPU), hence its looser bound; garbage reads ~1.
+ERROR_BOUND = {"bf16": 1e-2, "int4-g32": 1e-2, "int4-g128": 1e-2, "nvfp4": 1e-2, "fp8-tensor": 1e-1,
+               "fp8-block128": 1e-1}
+GPU_RULE = StopRule(min_samples=10, max_samples=100, max_seconds=0.4, target_noise=0.01)
 CPU_RULE = StopRule(min_samples=5, max_samples=30, max_seconds=2.0, target_noise=0.02)
 
 

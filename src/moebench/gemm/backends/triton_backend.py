@@ -51,11 +51,16 @@ def build(case: GemmCase, wl) -> Built:
         else:
             gop = "gemm2" if op == "gemm2" else "gemm1"
             calls.append(lambda x=x, ids=ids: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
-    info = {"impl": "moebench.gemm.triton_moe", "op": op}
-    describe = getattr(triton_moe, "describe_config", None)
-    if describe is not None:
-        info["config"] = describe(case.op, wl.M, wl.K, wl.I, wl.E, wl.topk, quant)
-    return Built(calls, [], info)
+    # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
+    if op == "fused":
+        from moebench.gemm.triton_moe.api import _pdl_capable
+
+        cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
+                                    pdl=_pdl_capable(wl.x[0].device))
+    else:
+        n, k = (wl.K, wl.I) if op == "gemm2" else (data[0].shape[1], wl.K)
+        cfg = triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if op == "gemm2" else "gemm1")
+    return Built(calls, [], {"impl": "moebench.gemm.triton_moe", "op": op, "config": cfg.as_dict()})
 
 
 triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), frozenset(
