@@ -70,7 +70,8 @@ def test_gemm(case: GemmCase, moebench, request):
     moebench.progress(f"{case.key}: building")
     wl = _workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device)
     built = backend.build(case, wl)
-    checked = runner.check(built, wl)  # correct first: a fast wrong kernel is a regression
+    # Correct first: a fast wrong kernel is a regression.
+    checked = runner.check(built, wl, backend.error_bounds.get(case.dtype))
     ceiling = moebench.ceiling(device)
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
             **built.info}

@@ -39,6 +39,9 @@ class Backend:
     modules: tuple[str, ...] = ()           # importable modules it needs
     gpu_only: bool = True
     dtype_min_cc: dict = field(default_factory=dict)  # dtype -> (major, minor) for native formats
+    # dtype -> relative error bound, where the backend's own arithmetic is coarser than the dtype's
+    # default bound (runner.ERROR_BOUND); each override says why where it is set.
+    error_bounds: dict = field(default_factory=dict)
 
     def supports(self, case: GemmCase) -> bool:
         """Static capability: the op and dtype are ones this backend implements at all."""

@@ -170,6 +170,9 @@ def build(case: GemmCase, wl) -> Built:
 flashinfer_cutlass = Backend(
     "flashinfer_cutlass", frozenset({"fused"}), frozenset({"bf16", "nvfp4"}), build,
     "FlashInfer CUTLASS fused MoE (bf16; nvfp4 W4A4 on SM100/SM120)",
-    min_cc=(9, 0), modules=("flashinfer",), gpu_only=True, dtype_min_cc={"nvfp4": (10, 0)})
+    min_cc=(9, 0), modules=("flashinfer",), gpu_only=True, dtype_min_cc={"nvfp4": (10, 0)},
+    # nvfp4 here is W4A4: the activations are rounded to e2m1 (1 mantissa bit) too, unlike the
+    # weight-only reference bound; not yet measured on a Blackwell GPU.
+    error_bounds={"nvfp4": 2e-1})
 
 FLASHINFER_BACKENDS = (flashinfer_cutlass,)

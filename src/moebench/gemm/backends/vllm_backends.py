@@ -612,7 +612,11 @@ vllm_triton = Backend(
     "vllm_triton", _FUSED, TRITON_DTYPES, build_vllm_triton,
     "vLLM fused_experts (Triton), quantization through FusedMoEQuantConfig",
     min_cc=(8, 0), modules=("vllm",), gpu_only=True,
-    dtype_min_cc={"fp8-tensor": (8, 9), "fp8-block128": (8, 9)})
+    dtype_min_cc={"fp8-tensor": (8, 9), "fp8-block128": (8, 9)},
+    # At small M vLLM 0.21 routes int4 to its CUDA wna16 kernel, which multiplies in bf16 and sums
+    # partial products with bf16 atomics: 1.0-1.5e-2 against the float32 reference on an H200 (its
+    # Triton path at M=512 reads 5.6e-3). A bound of 2.5e-2 still fails any wrong kernel (~1).
+    error_bounds={"int4-g32": 2.5e-2, "int4-g128": 2.5e-2})
 
 vllm_marlin = Backend(
     "vllm_marlin", _FUSED, MARLIN_DTYPES, build_vllm_marlin,

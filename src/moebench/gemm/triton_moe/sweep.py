@@ -67,35 +67,43 @@ def candidates(case: Case, tm, quant, smoke: bool, pdl: bool):
     return base, ups, downs, grouped
 
 
-class Runner:
-    """Inputs, references and timing for one case."""
+class Weights:
+    """One model's expert weights in one dtype, built on the device once and shared by its M cases."""
 
-    def __init__(self, case: Case, tm, torch, device, rotations: int, replays: int):
-        self.case, self.tm, self.torch, self.device = case, tm, torch, device
-        self.replays = replays
-        g = torch.Generator(device="cpu").manual_seed(1234 + case.M)
+    def __init__(self, case: Case, tm, torch, device):
+        g = torch.Generator(device=device).manual_seed(1234)
         K, I, E = case.K, case.I, case.E
-        w1 = (torch.randn(E, 2 * I, K, generator=g) / K ** 0.5).to(device=device, dtype=torch.bfloat16)
-        w2 = (torch.randn(E, K, I, generator=g) / I ** 0.5).to(device=device, dtype=torch.bfloat16)
+        w1 = (torch.randn(E, 2 * I, K, generator=g, device=device) / K ** 0.5).to(torch.bfloat16)
+        w2 = (torch.randn(E, K, I, generator=g, device=device) / I ** 0.5).to(torch.bfloat16)
         if case.dtype == "bf16":
             self.w1, self.w2, self.quant = w1, w2, None
             self.ref_w1, self.ref_w2 = w1, w2
         else:
             kind, group = case.dtype.split("-g")
             d1, d2, q = tm.quantize_moe(w1, w2, kind, int(group))
+            del w1, w2
             # Kimi-K2.5's checkpoints carry bf16 scales: time (and check) with those bytes
             self.quant = tm.Quant(q.kind, q.group_size, tuple(s.bfloat16() for s in q.scales))
             self.w1, self.w2 = d1, d2
             self.ref_w1, self.ref_w2 = tm.dequantize_weight(d1, self.quant, 0), tm.dequantize_weight(d2, self.quant, 1)
-            del w1, w2
+
+
+class Runner:
+    """Inputs, reference and timing for one case."""
+
+    def __init__(self, case: Case, weights: Weights, tm, torch, device, rotations: int, replays: int):
+        self.case, self.tm, self.torch, self.device = case, tm, torch, device
+        self.replays = replays
+        self.w1, self.w2, self.quant = weights.w1, weights.w2, weights.quant
+        g = torch.Generator(device=device).manual_seed(1000 + case.M)
         self.inputs = []
         for _ in range(rotations):
-            ids = torch.rand(case.M, E, generator=g).topk(case.topk, dim=1).indices.to(torch.int32)
-            tw = torch.softmax(torch.randn(case.M, case.topk, generator=g), dim=1)
-            x = torch.randn(case.M, K, generator=g).to(torch.bfloat16)
-            self.inputs.append((x.to(device), tw.to(device), ids.to(device)))
+            ids = torch.rand(case.M, case.E, generator=g, device=device).topk(case.topk, dim=1).indices.to(torch.int32)
+            tw = torch.softmax(torch.randn(case.M, case.topk, generator=g, device=device), dim=1)
+            x = torch.randn(case.M, case.K, generator=g, device=device).to(torch.bfloat16)
+            self.inputs.append((x, tw, ids))
         x, tw, ids = self.inputs[0]
-        self.ref = tm.fused_moe_ref(x, self.ref_w1, self.ref_w2, tw, ids)
+        self.ref = tm.fused_moe_ref(x, weights.ref_w1, weights.ref_w2, tw, ids)
         self.floor_us = statistics.mean(self.floor_bytes(ids) for _, _, ids in self.inputs) / HBM_BYTES_PER_S * 1e6
 
     def weight_bytes_per_expert(self) -> int:
@@ -277,11 +285,15 @@ def main(argv=None) -> int:
               "torch": torch.__version__, "triton": __import__("triton").__version__,
               "hbm_bytes_per_s": HBM_BYTES_PER_S, "rotations": rotations, "replays": replays,
               "cases": [], "table": {}}
+    weights, weights_key = None, None
     try:
         for case in selected:
             log(f"case {case.model} {case.dtype} M={case.M}")
             try:
-                runner = Runner(case, tm, torch, device, rotations, replays)
+                if weights_key != (case.model, case.dtype):
+                    weights = None  # free the previous set first
+                    weights, weights_key = Weights(case, tm, torch, device), (case.model, case.dtype)
+                runner = Runner(case, weights, tm, torch, device, rotations, replays)
                 results = search(case, runner, tm, args.smoke, pdl, log)
             except RuntimeError as exc:
                 if "CUDA context" in str(exc):

@@ -1,0 +1,160 @@
+"""Compile every kernel specialization for sm_90 (H200) on any machine, no GPU needed.
+
+    python -m moebench.gemm.triton_moe.compile_check [--filter up_bf16] [--dump DIR]
+
+Triton compiles down to a cubin with its bundled ptxas; this reports, per kernel, the registers
+per thread, spill bytes, the width of its global loads and the shared-memory round trips (layout
+conversions) inside its main loop. The interpreter cannot catch GPU-only compile errors or codegen
+regressions; this does. Exit status 1 if any kernel fails to compile or spills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import act_quant, gemv, grouped, tiles
+
+TARGET = GPUTarget("cuda", 90, 32)
+# Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real
+# shapes); num_pairs = M * topk need not be.
+UNALIGNED_INTS = {"num_pairs"}
+
+
+@dataclass
+class Spec:
+    name: str
+    fn: object
+    ptrs: dict
+    const: dict
+    num_warps: int = 4
+    num_stages: int = 1
+    opts: dict = field(default_factory=dict)
+
+
+def _w_ptrs(mode: int, a_dtype: str) -> dict:
+    w, s = {0: ("*bf16", "*bf16"), 1: ("*u8", "*bf16"), 2: ("*fp8e4nv", "*fp32"), 3: ("*fp8e4nv", "*fp32"),
+            4: ("*u8", "*fp8e4nv")}[mode]
+    return dict(a_ptr=a_dtype, a_scale_ptr="*fp32", w_ptr=w, w_scale_ptr=s, w_gscale_ptr="*fp32",
+                tw_ptr="*fp32", out_ptr="*bf16")
+
+
+def specs() -> list[Spec]:
+    """Kimi-K2.5 decode shapes (K 7168, I 256, top-8) for each weight format and both paths."""
+    formats = {  # name: (W_MODE, W_GROUP, W_SN_DIV, A_MODE, activation dtype, gemv BLOCK_K)
+        "bf16": (0, 0, 1, 0, "*bf16", 512),
+        "int4g32": (1, 32, 1, 0, "*bf16", 1024),
+        "int4g128": (1, 128, 1, 0, "*bf16", 1024),
+        "fp8": (2, 0, 1, 1, "*fp8e4nv", 512),
+        "fp8block": (3, 128, 128, 2, "*fp8e4nv", 512),
+        "nvfp4": (4, 16, 1, 0, "*bf16", 1024),
+    }
+    out = []
+    for name, (mode, group, sn_div, a_mode, a_dt, bk) in formats.items():
+        w = dict(W_MODE=mode, W_GROUP=group, W_SN_DIV=sn_div, A_MODE=a_mode)
+        ptrs = dict(_w_ptrs(mode, a_dt), ids_ptr="*i32")
+        out.append(Spec(f"gemv_up_{name}", gemv.moe_gemv_kernel, ptrs, dict(
+            K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, **w, BLOCK_N=4, BLOCK_K=bk,
+            PDL_WAIT=False, PDL_TRIGGER=True)))
+        out.append(Spec(f"gemv_down_{name}", gemv.moe_gemv_kernel, ptrs, dict(
+            K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, **w, BLOCK_N=8, BLOCK_K=256,
+            PDL_WAIT=True, PDL_TRIGGER=False), opts=dict(launch_pdl=True)))
+        gptrs = dict(_w_ptrs(mode, a_dt), sorted_ptr="*i32", block_expert_ptr="*i32")
+        gbk = 128 if mode in (2, 3) or group == 128 else 64
+        out.append(Spec(f"grouped_up_{name}", grouped.moe_grouped_kernel, gptrs, dict(
+            K=7168, UP_ROWS=256, A_DIV=8, WEIGHTED=False, **w, BLOCK_M=16, BLOCK_N=64, BLOCK_K=gbk),
+            num_stages=3))
+        out.append(Spec(f"grouped_down_{name}", grouped.moe_grouped_kernel, gptrs, dict(
+            K=256, UP_ROWS=0, A_DIV=1, WEIGHTED=True, **w, BLOCK_M=16, BLOCK_N=64, BLOCK_K=gbk),
+            num_stages=3))
+    out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
+                    dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
+    for g in (0, 128):
+        out.append(Spec(f"fp8_act_quant_g{g}", act_quant._fp8_act_quant_kernel,
+                        dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),
+                        dict(GROUP=g, BLOCK=1024 if g == 0 else 128, QMAX=448.0)))
+    return out
+
+
+def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
+    fn = spec.fn
+    names = list(fn.arg_names)
+    sig, attrs = {}, {}
+    for i, n in enumerate(names):
+        if n in spec.const:
+            sig[n] = "constexpr"
+        elif n in spec.ptrs:
+            sig[n] = spec.ptrs[n]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            sig[n] = "i32"
+            if n not in UNALIGNED_INTS:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, constexprs=dict(spec.const), attrs=attrs)
+    k = triton.compile(src, target=TARGET, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
+                                                        **spec.opts))
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = Path(tmp) / "k.ptx"
+        ptx.write_text(k.asm["ptx"])
+        ptxas = triton.knobs.nvidia.ptxas.path
+        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
+                             capture_output=True, text=True, check=True).stderr
+    if dump:
+        dump.mkdir(parents=True, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            (dump / f"{spec.name}.{ext}").write_text(k.asm[ext])
+    loads = {}
+    for m in re.finditer(r"ld\.global[\w.]*", k.asm["ptx"]):
+        loads[m.group(0)] = loads.get(m.group(0), 0) + 1
+    return dict(regs=int(re.search(r"Used (\d+) registers", res).group(1)),
+                spill=int(re.search(r"(\d+) bytes spill stores", res).group(1)),
+                loop_smem=_loop_conversions(k.asm["ttgir"]), loads=loads)
+
+
+def _loop_conversions(ttgir: str) -> int:
+    """convert_layout ops inside scf.for bodies (equivalent layouts lower to nothing; the rest go
+    through shared memory)."""
+    count, depth = 0, 0
+    for line in ttgir.splitlines():
+        if "scf.for" in line:
+            depth += 1
+        elif depth and "scf.yield" in line:
+            depth -= 1
+        elif depth and "ttg.convert_layout" in line:
+            count += 1
+    return count
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--filter", default="", help="only kernels whose name contains this")
+    ap.add_argument("--dump", type=Path, default=None, help="write each kernel's ttgir and ptx here")
+    args = ap.parse_args(argv)
+    failed = False
+    for spec in specs():
+        if args.filter not in spec.name:
+            continue
+        try:
+            r = compile_spec(spec, args.dump)
+        except Exception as exc:  # report every kernel, then fail
+            failed = True
+            print(f"{spec.name:24s} FAILED: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}")
+            continue
+        failed |= r["spill"] > 0
+        loads = " ".join(f"{k.removeprefix('ld.global.')}x{v}" for k, v in sorted(r["loads"].items()))
+        print(f"{spec.name:24s} regs {r['regs']:3d}  spill {r['spill']:4d} B  loop layout conversions "
+              f"{r['loop_smem']:2d}  loads {loads}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
