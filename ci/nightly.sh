@@ -91,7 +91,8 @@ args=(-m "$markers" -v -rA --baseline-dir "$baseline_dir" --baseline-propose "$o
 # Leave a fifth of the limit (at most 5 minutes) for the report; SIGINT lets pytest write what it has.
 limit_s=$((timeout_min * 60)); reserve=$((limit_s / 5 < 300 ? limit_s / 5 : 300))
 echo "== $py -m pytest benchmarks/ ${args[*]} ${extra[*]}"
-timeout -s INT -k 120 $((limit_s - reserve)) "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/pytest.log"
+# --foreground: pytest stays in this script's process group, so a cancelled job or a Ctrl-C reaches it.
+timeout --foreground -s INT -k 120 $((limit_s - reserve)) "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
 case "$rc" in
   0) ;;

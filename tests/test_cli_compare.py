@@ -149,3 +149,12 @@ def test_process_level_exit_codes_and_no_traceback(tmp_path):
     assert r.returncode == 2 and "invalid choice: 'frobnicate'" in r.stderr
     r = run("--help")
     assert r.returncode == 0 and all(c in r.stdout for c in ("compare", "backends", "baselines", "report"))
+
+
+def test_case_patterns_treat_brackets_literally():
+    from moebench.cli import glob_match
+
+    assert glob_match("gemm[tiny-tp8-gemm1-m4-bf16-decode-triton]", "gemm[tiny-tp8-gemm1-m4-*]")
+    assert glob_match("selfcheck[copy-64MiB-cpu]", "selfcheck[*]")
+    assert not glob_match("gemm[t]", "gemm[abc]")  # not a character class
+    assert glob_match("gemm[x-m1-triton]", "*-triton]") and glob_match("gemm[x-m1]", "gemm[x-m?]")

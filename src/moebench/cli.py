@@ -83,16 +83,22 @@ def _tally(verdicts: Sequence[str]) -> str:
     return ", ".join(f"{counts[v]} {v}" for v in order) or "no cases"
 
 
+def glob_match(key: str, pattern: str) -> bool:
+    """Shell-style `*` and `?`; brackets are literal, since case keys contain them: 'gemm[kimi-*]'."""
+    literal = "".join({"[": "[[]", "]": "[]]"}.get(ch, ch) for ch in pattern)
+    return key == pattern or fnmatch.fnmatchcase(key, literal)
+
+
 def _matcher(patterns: Sequence[str] | None) -> Callable[[str], bool] | None:
     if not patterns:
         return None
-    return lambda key: any(key == p or fnmatch.fnmatchcase(key, p) for p in patterns)
+    return lambda key: any(glob_match(key, p) for p in patterns)
 
 
 def _check_patterns(patterns: Sequence[str] | None, keys: Sequence[str], where: str) -> None:
     """Every --case pattern must name at least one case: a typo is an error, not an empty result."""
     for p in patterns or ():
-        if not any(k == p or fnmatch.fnmatchcase(k, p) for k in keys):
+        if not any(glob_match(k, p) for k in keys):
             near = [k for k in keys if p.strip("*[]").lower() in k.lower()][:3]
             hint = f" (did you mean {', '.join(near)}?)" if near else ""
             raise CliError(f"--case {p!r}: no such case in {where}{hint}")
