@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import act_quant, gemv, grouped, tiles
+from . import act_quant, gemv, grouped
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real

@@ -99,10 +99,12 @@ def _heuristic(M, K, N, E, topk, quant, op) -> MoEConfig:
     g = _weight_group(quant)
     pairs = M * topk
     if M <= GEMV_MAX_M:
-        # up: rows = pairs, N = I (x2 for gate+up when fused); K is the hidden size (long).
-        bn = max(2, min(16, triton.next_power_of_2(max(1, pairs * N // 512))))
+        # up: rows = pairs, N tiles of the (intermediate) output; K is the long hidden size.
+        # <= 32 weight values per thread per chunk (4 warps) keeps registers near 90 (4-6 programs/SM).
         bk = max(512 if quant is None or quant.kind == "fp8_w8a8" else 1024, g)
-        up = KernelConfig(block_n=bn, block_k=min(bk, max(g, triton.next_power_of_2(K))), num_warps=4)
+        bk = min(bk, max(g, triton.next_power_of_2(K)))
+        bn = max(2, min(4096 // bk, triton.next_power_of_2(max(1, pairs * N // 512))))
+        up = KernelConfig(block_n=bn, block_k=bk, num_warps=4)
         if op == "fused":
             # down: one program per (token, N tile of the hidden size), all top-k slots at once over
             # I; keep slots * block_n * block_k <= 16K elements so the tile stays in 4 warps' registers.

@@ -61,8 +61,9 @@ def candidates(case: Case, tm, quant, smoke: bool, pdl: bool):
         grouped = [(16, 32, 64, 1)]
     else:
         bks = (512, 1024) if quant is None else (1024, 2048)
-        ups = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in bks for w in (4, 8)]
-        downs = [(bn, w) for bn in (4, 8, 16) for w in (4, 8)]
+        # more than ~32 weight values per thread per chunk costs occupancy (150-250 registers)
+        ups = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in bks for w in (4, 8) if bn * bk <= 1024 * w]
+        downs = [(4, 4), (8, 4), (4, 8), (8, 8), (16, 8)]
         grouped = [(16, bn, bk, st) for bn in (64, 128) for bk in (64, 128) for st in (3, 4)]
     return base, ups, downs, grouped
 
