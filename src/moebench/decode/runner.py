@@ -95,9 +95,13 @@ def make_engine(case: DecodeCase, log: Path):
             {"command": cmd, "env": commands.env_recorded(env)})
 
 
-def run_engine(case: DecodeCase, log: Path, progress: Callable[[str], None]) -> EngineRun:
+def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> EngineRun:
     """Start the case's engine, run warm-up and measured trials (checking each), stop the engine."""
     s = case.scenario
+
+    def progress(message: str) -> None:
+        say(f"{case.id}: {message}")
+
     vocab = models.read_config(s.model_dir).get("vocab_size") if s.model_dir else None
     engine, launch = make_engine(case, log)
     trials: list[Trial] = []
@@ -105,9 +109,9 @@ def run_engine(case: DecodeCase, log: Path, progress: Callable[[str], None]) -> 
     failure: EngineError | None = None
     start_s = 0.0
     try:
-        progress(f"{case.id}: starting {case.engine_kind} engine")
+        progress(f"starting {case.engine_kind} engine")
         start_s = engine.start(progress)
-        progress(f"{case.id}: engine ready after {start_s:.1f} s")
+        progress(f"engine ready after {start_s:.1f} s")
         for i in range(total):
             warm = i < s.warmup_trials
             t = engine.trial(i, commands.prompt_ids(case, i, vocab or 32000), s.output_tokens, warm)
@@ -117,7 +121,7 @@ def run_engine(case: DecodeCase, log: Path, progress: Callable[[str], None]) -> 
                 raise EngineError(msg, engine.log)
             trials.append(t)
             itl = t.itls_s()
-            progress(f"{case.id}: trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
+            progress(f"trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
                      f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(itl) * 1e3 if itl else float('nan'):.3f} ms/token")
     except EngineError as e:
         failure = e
