@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
-import math
 import re
 import sys
 import textwrap
@@ -24,7 +23,8 @@ from typing import Callable, Sequence
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError, validate_file
 from moebench.baselines.store import BaselineSet, atomic_write_text, dumps, family_path, load_file, merge_entries
-from moebench.runs import MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, load_run, load_runs, parse_run
+from moebench.runs import (MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, fmt_value, load_run,
+                           load_runs, parse_run)
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 _ORDER = ["REGRESSION", MISSING, "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS"]
@@ -55,15 +55,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[
     return "\n".join([line(data[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in data[1:]])
 
 
-def _num(x: float | None, unit: str = "") -> str:
-    """4 significant digits, without an exponent in the range benchmarks live in (46870 us, 0.0123 ms)."""
-    if x is None:
-        return "-"
-    if x == 0 or not math.isfinite(x) or not 1e-3 <= abs(x) < 1e7:
-        text = f"{x:.4g}"
-    else:
-        text = f"{x:.{max(0, 3 - math.floor(math.log10(abs(x))))}f}"
-    return f"{text} {unit}".strip()
+_num = fmt_value
 
 
 def _natural(s: str) -> list:
@@ -133,12 +125,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print(table(["verdict", "case", "metric", "reference", "candidate", "delta", "tolerance", "noise band", "note"],
                 rows, right=(3, 4, 5, 6, 7)))
     print()
-    print(_tally([d.verdict for d in deltas]))
     failing = [d for d in deltas if d.verdict in args.fail_on]
-    if failing:
-        print(f"{len(failing)} case{'s' if len(failing) != 1 else ''} {'/'.join(args.fail_on)}: exit 1")
-        return EXIT_FOUND
-    return EXIT_OK
+    # The last line is the tally (ci/nightly.sh shows it in the log): and why the exit code is 1.
+    why = f" -> exit 1 ({len(failing)} {'/'.join(args.fail_on)})" if failing else ""
+    print(_tally([d.verdict for d in deltas]) + why)
+    return EXIT_FOUND if failing else EXIT_OK
 
 
 # --- backends -----------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from moebench.baselines.store import BaselineSet, atomic_write_text
-from moebench.runs import Run
+from moebench.runs import Run, fmt_value
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
@@ -151,7 +151,7 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
                     color=VERDICT_COLOURS.get(p.verdict, "#000000"), ecolor="#666666", elinewidth=1, capsize=3,
                     zorder=3)
     latest = t.latest
-    ax.annotate(f"latest {latest.value:.4g} {t.unit}", (latest.when, latest.value), textcoords="offset points",
+    ax.annotate(f"latest {fmt_value(latest.value, t.unit)}", (latest.when, latest.value), textcoords="offset points",
                 xytext=(-10, 10), ha="right", fontsize=9,
                 bbox=dict(boxstyle="round,pad=0.2", facecolor="white", edgecolor="none", alpha=0.8))
     better = "lower is better" if t.direction == "lower" else "higher is better"
@@ -202,10 +202,6 @@ class IndexRow:
     note: str = ""
 
 
-def _fmt(x: float | None, unit: str) -> str:
-    return "-" if x is None else f"{x:.4g} {unit}".strip()
-
-
 def index_rows(case_trends: list[CaseTrend], latest: Run | None) -> list[IndexRow]:
     """Index lines, worst first: every plotted case, then what the latest run did not measure."""
     rows = []
@@ -214,7 +210,7 @@ def index_rows(case_trends: list[CaseTrend], latest: Run | None) -> list[IndexRo
         delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
         verdict = p.verdict if t.in_latest else "MISSING"
         note = "" if t.in_latest else f"not in the latest run (last seen {p.label})"
-        rows.append(IndexRow(verdict, t.key, t.metric, _fmt(p.value, t.unit), _fmt(p.baseline, t.unit), delta,
+        rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))
     for r in (latest.not_measured if latest else []):
         rows.append(IndexRow(str(r.get("verdict", "")), str(r.get("key") or r.get("nodeid", "")), "-", "-", "-", "-",
