@@ -38,6 +38,7 @@ class WeightBytes:
 
     @property
     def total(self) -> float:
+        """All bytes one rank reads per token."""
         return self.attention + self.dense_mlp + self.moe + self.head
 
     def floor_ms(self, ceiling_bytes_per_s: float) -> float:

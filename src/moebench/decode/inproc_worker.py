@@ -42,6 +42,7 @@ def _run_trial(engine, params_cls, kind, cmd: dict, detokenize: bool) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Start the engine, say 'ready', then run trials as commanded until 'stop' or end of stdin."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spec", required=True, help="JSON file: {'llm_kwargs': {...}, 'detokenize': bool}")
     ap.add_argument("--events-fd", type=int, required=True)

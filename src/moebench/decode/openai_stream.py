@@ -32,11 +32,13 @@ class _Url:
 
     @classmethod
     def parse(cls, url: str) -> "_Url":
+        """Scheme, host, port and base path of a server URL."""
         u = urlsplit(url)
         port = u.port or (443 if u.scheme == "https" else 80)
         return cls(u.scheme, u.hostname or "127.0.0.1", port, u.path.rstrip("/"))
 
     def connect(self, timeout: float) -> http.client.HTTPConnection:
+        """A connection whose every socket operation times out after `timeout` s."""
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=timeout)
 
@@ -74,6 +76,7 @@ class StreamResult:
     usage_tokens: int | None = None
 
     def trial(self, warmup: bool) -> Trial:
+        """The stream as a Trial."""
         return Trial(warmup, self.chunks, self.token_ids)
 
 

@@ -135,6 +135,7 @@ class EngineProcess:
         return self.proc.poll()
 
     def elapsed(self) -> float:
+        """Seconds since the process was started."""
         return time.monotonic() - self.started
 
     def remember_descendants(self) -> None:

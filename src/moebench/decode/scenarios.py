@@ -98,10 +98,12 @@ class Scenario:
 
     @property
     def gpu_memory_fraction(self) -> float:
+        """The memory fraction the engine may take (the scenario's, else the device default)."""
         return self.gpu_memory_utilization or (0.3 if self.device == "cpu" else 0.8)
 
     @property
     def start_timeout(self) -> float:
+        """Seconds the engine may take to become ready (the scenario's, else the device default)."""
         return self.start_timeout_s or (300.0 if self.device == "cpu" else 1200.0)
 
     def config_digest(self) -> str:
@@ -189,6 +191,7 @@ class DecodeCase:
 
 
 def is_url(engine: str) -> bool:
+    """Whether an engine value is the URL of a server already running."""
     return engine.startswith(("http://", "https://"))
 
 

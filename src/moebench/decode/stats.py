@@ -24,14 +24,17 @@ class Trial:
 
     @property
     def tokens(self) -> int:
+        """Output tokens the trial produced."""
         return sum(n for _, n in self.chunks)
 
     @property
     def ttft_s(self) -> float:
+        """Time to first token: from sending the request to the first chunk."""
         return self.chunks[0][0]
 
     @property
     def total_s(self) -> float:
+        """From sending the request to the last chunk."""
         return self.chunks[-1][0]
 
     def itls_s(self) -> list[float]:
