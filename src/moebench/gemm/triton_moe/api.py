@@ -90,7 +90,8 @@ def _check(kc: KernelConfig, w: _Weight, a: _Act, path: str):
         v = getattr(kc, name)
         if v < 1 or v & (v - 1):
             raise ValueError(f"{name}={v} must be a power of two")
-    need = max(w.group, 128 if a.mode == tiles.A_FP8_GROUP.value else 1, 2)
+    # GEMV reduces runs of 8 k values per thread; 4-bit formats pack 2 per byte; scales cover groups
+    need = max(w.group, 128 if a.mode == tiles.A_FP8_GROUP.value else 1, 8)
     if kc.block_k % need:
         raise ValueError(f"block_k={kc.block_k} must be a multiple of {need} for this format")
     if path == "grouped":
