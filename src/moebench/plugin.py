@@ -181,7 +181,7 @@ class CaseRecorder:
         on a suspected regression, and fail this test with one line if it regressed."""
         state = self._state
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
-                              measure=measure, info=info, primary=primary, progress=self.progress)
+                              measure=measure, info=info, primary=primary, group=group, progress=self.progress)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:

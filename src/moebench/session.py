@@ -38,6 +38,7 @@ class CaseResult:
     primary: str | None = None
     remeasured_from: Measurement | None = None
     note: str = ""
+    group: str | None = None
 
     def to_json(self) -> dict:
         metrics = {}
@@ -47,13 +48,13 @@ class CaseResult:
             c = self.comparisons.get(name)
             if c is not None:
                 d.update(verdict=c.verdict.value, baseline=c.baseline, delta_pct=c.delta_pct,
-                         noise_band=c.noise, reason=c.reason)
+                         noise_band=c.noise, reason=c.reason, baseline_rel_tol=c.rel_tol)
             metrics[name] = d
         out = {
             "key": self.key, "family": self.family, "nodeid": self.nodeid, "verdict": self.verdict.value,
             "definition": self.definition, "definition_hash": self.definition_hash, "primary": self.primary,
             "metrics": metrics, "clocks": self.measurement.clocks, "throttled": self.measurement.throttled,
-            "info": self.info, "note": self.note,
+            "info": self.info, "note": self.note, "group": self.group,
         }
         if self.primary and self.measurement.metrics.get(self.primary) is not None:
             out["samples"] = list(self.measurement.metrics[self.primary].samples)
@@ -123,7 +124,8 @@ class RunState:
         return comps, case_verdict(comps), note
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
-               info: dict | None = None, primary: str | None = None, progress: Callable[[str], None] = lambda s: None) -> CaseResult:
+               info: dict | None = None, primary: str | None = None, group: str | None = None,
+               progress: Callable[[str], None] = lambda s: None) -> CaseResult:
         """Measure, compare, re-measure once on a suspected regression, and keep the result."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
@@ -143,7 +145,7 @@ class RunState:
         if primary is None:
             primary = next((n for n, mm in first.metrics.items() if mm.gated), next(iter(first.metrics), None))
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
-                            primary, remeasured_from, note)
+                            primary, remeasured_from, note, group)
         self.results.append(result)
         self.rows.append(self._row(result))
         return result
