@@ -1,44 +1,55 @@
 #!/usr/bin/env bash
-# Runs one phase of the suite on a lent H200 machine and leaves what it measured under $OUT.
-# This is how the committed baselines/nvidia-h200-x*/ files were produced: each phase records
-# (--baseline-update into a scratch copy of baselines/), then runs again against what it recorded.
+# One phase of the suite on a lent H200 machine; what it measured lands under $OUT.
+# This is how the committed baselines/nvidia-h200-x*/ files were produced: a phase records into a
+# scratch copy of baselines/ (--baseline-update), then runs again and is gated against what it recorded.
 #
-#   bash scripts/h200.sh PHASE        PHASE: selfcheck | sweep | gemm | decode | allreduce
+#   bash scripts/h200.sh PHASE [GPU] [PASS]
+#     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | decode | allreduce
+#     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
+#     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
+#            the scratch folder /tmp/moebench-PHASE stays on the machine while it is held)
 #
-# Environment expected there: torch 2.11 cu130, triton 3.6, pytest-benchmark 5.2.3; vLLM staged into
-# /tmp/site by ../shared/gpu/vllm-stage for the phases that use it.
+# Phases on different GPUs run side by side: `bash scripts/h200.sh gemm-vllm 0 & bash scripts/h200.sh decode 1; wait`.
+# Expected there: torch 2.11 cu130, triton 3.6, pytest-benchmark 5.2.3; vLLM in /tmp/site (vllm-stage).
 set -uo pipefail
-phase=$1
+phase=$1 gpu=${2:-0} pass=${3:-both}
 : "${OUT:=/tmp/out}"
 mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+[ "$phase" = allreduce ] || export CUDA_VISIBLE_DEVICES=$gpu
 work=/tmp/moebench-$phase
-rm -rf "$work" && mkdir -p "$work/bl"
-cp -r baselines/. "$work/bl/" 2>/dev/null || true
+if [ "$pass" != compare ]; then rm -rf "$work" && mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/" 2>/dev/null; fi
+quiet='^(test_|---|Name |Legend|  Outliers|  OPS|$)'
 
-twice() {  # twice LOGNAME PYTEST-ARGS...: record into the scratch baselines, then compare against them
-  local name=$1; shift
-  python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --baseline-dir "$work/bl" --baseline-update \
-    --results-json "$work/$name-run1.json" "$@" 2>&1 | tee "$work/$name-run1.log" | grep -vE '^(test_|---|Name|Legend|  Outliers|  OPS|$)'
-  python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --baseline-dir "$work/bl" \
-    --results-json "$work/$name-run2.json" --summary-md "$work/$name-summary.md" "$@" 2>&1 \
-    | tee "$work/$name-run2.log" | grep -vE '^(test_|---|Name|Legend|  Outliers|  OPS|$)'
+record() {
+  python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
+    --baseline-update --results-json "$work/run1.json" "$@" >"$work/run1.log" 2>&1
+  echo "== $phase record: $(tail -n 1 "$work/run1.log")"
 }
+compare() {
+  python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
+    --results-json "$work/run2.json" --summary-md "$work/summary.md" "$@" >"$work/run2.log" 2>&1
+  grep -vE "$quiet" "$work/run2.log" | tail -n 60
+  cp "$work/summary.md" "$OUT/$phase-summary.md" 2>/dev/null
+}
+run() { [ "$pass" = compare ] || record "$@"; [ "$pass" = record ] || compare "$@"; }
 
-nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem,power.limit --format=csv
 case $phase in
-  selfcheck) CUDA_VISIBLE_DEVICES=0 twice selfcheck -m selfcheck ;;
-  sweep) CUDA_VISIBLE_DEVICES=${SWEEP_GPU:-0} python3 -m moebench.gemm.triton_moe.sweep --out "$work/sweep.json" 2>&1 \
-           | tee "$work/sweep.log" ;;
-  gemm) CUDA_VISIBLE_DEVICES=0 twice gemm -m "${GEMM_MARKS:-gemm}" --benchmark-disable ;;
-  decode) CUDA_VISIBLE_DEVICES=0 twice decode -m "${DECODE_MARKS:-decode}" --benchmark-disable ;;
-  allreduce) twice allreduce -m "${ALLREDUCE_MARKS:-allreduce}" --benchmark-disable ;;
-  *) echo "unknown phase $phase (selfcheck | sweep | gemm | decode | allreduce)"; exit 2 ;;
+  selfcheck) run -m selfcheck ;;
+  sweep) python3 -m moebench.gemm.triton_moe.sweep --out "$work/sweep.json" >"$work/sweep.log" 2>&1
+         echo "== sweep: $(tail -n 3 "$work/sweep.log")"; cp "$work/sweep.json" "$OUT/" ;;
+  gemm-torch) run -m "gemm and (torch_loop or torch_bmm or torch_grouped_mm)" ;;
+  gemm-triton)
+    # Tuned configs from this machine's sweep, when one ran: the kernels then run what was measured best.
+    if [ -f /tmp/moebench-sweep/sweep.json ] && [ "$pass" != compare ]; then
+      python3 -m moebench.gemm.triton_moe.apply_sweep /tmp/moebench-sweep/sweep.json && cp src/moebench/gemm/triton_moe/configs.json "$OUT/"
+    fi
+    run -m "gemm and triton" ;;
+  gemm-vllm) run -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" ;;
+  decode) run -m decode ;;
+  allreduce) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run -m allreduce ;;
+  *) echo "unknown phase $phase"; exit 2 ;;
 esac
-# At most 8 files come back: the results and summaries as they are, everything else in one archive.
-cp "$work"/*-run2.json "$work"/*-summary.md "$OUT/" 2>/dev/null
-[ -f "$work/sweep.json" ] && cp "$work/sweep.json" "$OUT/"
-tar -C "$work" -czf "$OUT/$phase-all.tgz" .
-ls -la "$OUT"
+tar -C "$work" -czf "$OUT/$phase-$pass.tgz" .
