@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moebench.decode import engine_log, floor, models
-from moebench.decode.stats import Trial, check_trial, decode_metrics, per_trial_summary
+from moebench.decode.stats import Trial, bursty, check_trial, decode_metrics, per_trial_summary
 
 
 def _trial(ttft_ms: float, itl_ms: float, n: int, warmup: bool = False) -> Trial:
@@ -31,6 +31,16 @@ def test_percentiles_tokens_per_second_and_e2e():
     assert m["itl_p99_ms"].value > 1.0  # the one 90 ms gap sits at the top
     assert m["tokens_per_s"].value == pytest.approx(101 / 0.199)
     assert m["e2e_ms_per_token"].value == pytest.approx(199 / 101)
+
+
+def test_tokens_arriving_in_bursts_are_flagged():
+    smooth = decode_metrics([_trial(10, 4, 33)])
+    assert smooth["tpot_ms"].value == pytest.approx(4) and bursty(smooth) is None
+    # 32 tokens in 4 bursts of 8, 30 ms apart, 0.01 ms within a burst
+    times = [0.010 + 0.030 * (i // 8) + 0.00001 * (i % 8) for i in range(32)]
+    m = decode_metrics([Trial(False, [(t, 1) for t in times], [])])
+    assert m["ms_per_token"].value < 0.1 and m["tpot_ms"].value > 2
+    assert "bursty stream" in bursty(m)
 
 
 def test_a_chunk_of_k_tokens_counts_k_inter_token_latencies():

@@ -22,7 +22,7 @@ from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase
 from moebench.decode.server import ServerEngine, free_port
-from moebench.decode.stats import Trial, check_trial, decode_metrics, per_trial_summary
+from moebench.decode.stats import Trial, bursty, check_trial, decode_metrics, per_trial_summary
 from moebench.metrics import Metric
 
 
@@ -179,6 +179,10 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
                      "engine_choices": run.choices, "per_trial": per_trial_summary(run.trials)})
         if any(u is not None for u in run.usage_tokens):
             info["usage_completion_tokens"] = run.usage_tokens
+        warning = bursty(metrics)
+        if warning:
+            info["warning"] = warning
+            moebench.progress(f"{case.id}: WARNING {warning}")
         warm = metrics.get("warmup_ms_per_token")
         moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))

@@ -71,8 +71,8 @@ def check_trial(trial: Trial, expected_tokens: int, vocab_size: int | None) -> s
 
 def decode_metrics(trials: list[Trial], *, rel_tol_ms_per_token: float = 0.10, rel_tol_ttft: float = 0.20) -> dict[str, Metric]:
     """The family's metrics. Gated: ms_per_token (steady state: median ITL over all measured trials)
-    and ttft_ms (median over measured trials). Informational: ITL p90/p99, tokens/s, end-to-end ms per
-    token, and the warm-up trials' own figures."""
+    and ttft_ms (median over measured trials). Informational: ITL p90/p99, TPOT (mean ITL), tokens/s,
+    end-to-end ms per token, and the warm-up trials' own figures."""
     measured = [t for t in trials if not t.warmup]
     warm = [t for t in trials if t.warmup]
     if not measured:
@@ -87,6 +87,10 @@ def decode_metrics(trials: list[Trial], *, rel_tol_ms_per_token: float = 0.10, r
         "ttft_ms": Metric.from_samples(ttft_ms, "ms", "lower", rel_tol=rel_tol_ttft),
         "itl_p90_ms": Metric(_pct(itl_ms, 0.90), "ms", "lower", n=len(itl_ms), gated=False),
         "itl_p99_ms": Metric(_pct(itl_ms, 0.99), "ms", "lower", n=len(itl_ms), gated=False),
+        # Time per output token after the first (mean ITL): equal to the median ITL on a smooth stream,
+        # far above it when tokens arrive in bursts (a starved server process flushing several at once).
+        "tpot_ms": Metric(statistics.median(1e3 * (t.total_s - t.ttft_s) / (t.tokens - 1) for t in measured if t.tokens > 1),
+                          "ms", "lower", n=len(measured), gated=False),
         "tokens_per_s": Metric(statistics.median(t.tokens / t.total_s for t in measured), "tokens/s", "higher",
                                n=len(measured), gated=False),
         "e2e_ms_per_token": Metric(statistics.median(1e3 * t.total_s / t.tokens for t in measured), "ms", "lower",
@@ -101,6 +105,16 @@ def decode_metrics(trials: list[Trial], *, rel_tol_ms_per_token: float = 0.10, r
         out["warmup_e2e_ms_per_token"] = Metric(statistics.median(1e3 * t.total_s / t.tokens for t in warm), "ms",
                                                 "lower", n=len(warm), gated=False)
     return out
+
+
+def bursty(metrics: dict[str, Metric]) -> str | None:
+    """A warning when the median ITL is under half the mean ITL: most tokens arrived in bursts, so the
+    median understates what a user waits per token (seen on an overloaded 2-core box, never on a GPU host)."""
+    med, mean = metrics["ms_per_token"].value, metrics["tpot_ms"].value
+    if med < 0.5 * mean:
+        return (f"bursty stream: median inter-token latency {med:.3f} ms but {mean:.3f} ms per token on average; "
+                "the machine was probably overloaded (the engine's host process could not keep up)")
+    return None
 
 
 def per_trial_summary(trials: list[Trial]) -> list[dict]:
