@@ -84,8 +84,13 @@ def _serve(mode: str, port: int, itl_s: float) -> None:
                     _log("stalling forever mid-stream")
                     time.sleep(600)
                 time.sleep(itl_s)
-                event({"choices": [{"index": 0, "text": "", "token_ids": [100 + i],
-                                    "finish_reason": "length" if i == n - 1 else None}]})
+                last = "length" if i == n - 1 else None
+                if mode == "text-only":  # like SGLang: text deltas, no token ids; the last one can be empty
+                    event({"choices": [{"index": 0, "text": "" if i == n - 1 else "t", "finish_reason": last}]})
+                else:
+                    event({"choices": [{"index": 0, "text": "", "token_ids": [100 + i], "finish_reason": last}]})
+            if mode == "text-only":
+                event({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})  # a bare closing chunk
             event({"choices": [], "usage": {"completion_tokens": n}})
             self.wfile.write(b"data: [DONE]\n\n")
 
@@ -224,6 +229,17 @@ def test_working_server_gives_a_timed_token_per_chunk(tmp_path):
     assert all(b[0] > a[0] for a, b in zip(t.chunks, t.chunks[1:]))
     assert all(x >= 0.004 for x in t.itls_s())
     assert eng.usage_tokens == [6]
+    _assert_all_gone(pidfile)
+
+
+def test_server_without_token_ids_counts_one_token_per_chunk(tmp_path):
+    eng, pidfile = _server(tmp_path, "text-only")
+    eng.start()
+    try:
+        t = eng.trial(0, [11, 12, 13], 5, warmup=False)
+    finally:
+        assert eng.stop() == []
+    assert t.tokens == 5 and t.token_ids == []  # the bare closing chunk is not a token (usage says 5)
     _assert_all_gone(pidfile)
 
 

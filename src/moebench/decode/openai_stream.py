@@ -74,6 +74,14 @@ class StreamResult:
     chunks: list[tuple[float, int]] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     usage_tokens: int | None = None
+    last_was_bare_finish: bool = False  # the last chunk had no text and a finish_reason (no token ids sent)
+
+    def reconcile(self) -> None:
+        """Without token ids a chunk counts as one token; a closing chunk that only carries the
+        finish_reason is not one, which the usage count tells (and then it is dropped)."""
+        if (not self.token_ids and self.usage_tokens is not None and self.last_was_bare_finish
+                and sum(n for _, n in self.chunks) == self.usage_tokens + 1):
+            self.chunks.pop()
 
     def trial(self, warmup: bool) -> Trial:
         """The stream as a Trial."""
@@ -114,6 +122,7 @@ def stream_completion(url: str, payload: dict, *, read_timeout: float, deadline:
                 continue  # blank separators, comments, event names
             data = line[5:].strip()
             if data == b"[DONE]":
+                res.reconcile()
                 return res
             _take_chunk(res, json.loads(data), now)
     except (socket.timeout, TimeoutError):
@@ -139,5 +148,6 @@ def _take_chunk(res: StreamResult, obj: dict, now: float) -> None:
             if ids:
                 res.chunks.append((now, len(ids)))
                 res.token_ids.extend(int(i) for i in ids)
-        elif choice.get("text") or choice.get("finish_reason") is None:
+        else:  # a server that does not send token ids (SGLang; vLLM before return_token_ids)
             res.chunks.append((now, 1))
+            res.last_was_bare_finish = not choice.get("text") and choice.get("finish_reason") is not None
