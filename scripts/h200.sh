@@ -11,6 +11,8 @@
 #
 # Phases on different GPUs run side by side: `bash scripts/h200.sh gemm-vllm 0 & bash scripts/h200.sh decode 1; wait`.
 # Expected there: torch 2.11 cu130, triton 3.6, pytest-benchmark 5.2.3; vLLM in /tmp/site (vllm-stage).
+# The copied tree has no .git: send the commit along, MOEBENCH_COMMIT=$(git rev-parse --short HEAD) (add
+# -dirty for uncommitted changes), or the recorded provenance says "unknown".
 set -uo pipefail
 phase=$1 gpu=${2:-0} pass=${3:-both}
 : "${OUT:=/tmp/out}"
@@ -48,7 +50,7 @@ case $phase in
     fi
     run -m "gemm and triton" ;;
   gemm-vllm) run -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" ;;
-  decode) run -m decode ;;
+  decode) run -m decode ${DECODE_ARGS:-} ;;
   allreduce) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run -m allreduce ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

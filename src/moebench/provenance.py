@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from functools import lru_cache
 from pathlib import Path
@@ -14,7 +15,13 @@ from moebench.hardware import now_iso
 
 @lru_cache(maxsize=1)
 def git_commit(cwd: str | None = None) -> str:
-    """HEAD's hash, with '-dirty' when the tree has uncommitted changes; 'unknown' outside a checkout."""
+    """HEAD's hash, with '-dirty' when the tree has uncommitted changes; 'unknown' outside a checkout.
+
+    MOEBENCH_COMMIT wins when set: a tree copied to a lent GPU machine travels without .git, so the
+    command that sends it names the commit (scripts/h200.sh).
+    """
+    if os.environ.get("MOEBENCH_COMMIT"):
+        return os.environ["MOEBENCH_COMMIT"]
     where = cwd or str(Path(__file__).resolve().parent)
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,

@@ -52,8 +52,17 @@ LARGE_BYTES = 16 << 20
 GPU_RULE = StopRule(min_samples=50, max_samples=400, max_seconds=2.0, target_noise=0.01)
 CPU_RULE = StopRule(min_samples=10, max_samples=40, max_seconds=0.5, target_noise=0.02)
 WARMUP_ROUNDS = 3
-# Gate: small-message latency moves a few percent between clean runs; 10% is a real regression.
-LATENCY_REL_TOL = 0.10
+# Gate tolerances, from two runs of the same code on two H200s (NVLink) a few minutes apart: decode-size
+# messages (<= 1 MiB) moved -30%..+41% between runs (each run's own spread 5-40%), prefill sizes +6..+11%.
+# Each spawned process group sets NCCL up anew (channels, protocol choice), which small messages feel.
+DECODE_SIZE_BYTES = 1 << 20
+LATENCY_REL_TOL_DECODE = 0.50
+LATENCY_REL_TOL_PREFILL = 0.15
+
+
+def latency_rel_tol(case: "AllreduceCase") -> float:
+    """The stored tolerance for a case's latency: looser for decode sizes (see above)."""
+    return LATENCY_REL_TOL_DECODE if case.nbytes <= DECODE_SIZE_BYTES else LATENCY_REL_TOL_PREFILL
 PATTERN = "v[i] = ((7*i + 3*rank) % 13) + 1, exact sums; result compared element by element"
 
 

@@ -68,7 +68,13 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None) -> tuple[dict[st
                       f"{(l2_bytes or 0) / 1e6:.0f} MB" + ("; L2 flushed before every call" if flush else ""))
         t = Metric.from_samples([s * 1e6 for s in graph_timer(built.calls, GPU_RULE, flush_l2=flush)], "us", "lower",
                                 rel_tol=0.05)
-        e = Metric.from_samples([s * 1e6 for s in eager_timer(built.calls, GPU_RULE)], "us", "lower", rel_tol=0.10)
+        # Eager time is host launch overhead (Python + driver) as much as GPU work, and on the lent
+        # H200s it moved -45%..+75% between two runs of the same code while each run's own spread
+        # read 1-3%: a gate on it would cry wolf. It is reported (and compared by `moebench compare`
+        # for a human), not gated; host-side regressions are gated where users feel them, in the
+        # decode family's ms/token.
+        e = Metric.from_samples([s * 1e6 for s in eager_timer(built.calls, GPU_RULE)], "us", "lower", rel_tol=0.10,
+                                gated=False)
         metrics = {"graph_us": t, "eager_us": e}
     nbytes, flops = wl.bytes_per_call(), wl.flops_per_call()
     floor_us = nbytes / ceiling * 1e6
