@@ -120,6 +120,15 @@ class _Monitor:
                 raise GroupFailure(f"rank {r} exited with status {status} before it was done", [r],
                                    self.seen[r].get("start", {}).get("job"))
 
+    def drain(self) -> None:
+        """Read what every rank has written so far, keeping results and ignoring failures (used once a
+        failure is known, so results a rank wrote just before it are not lost)."""
+        for r, reader in enumerate(self.readers):
+            for m in reader.poll():
+                self.seen[r][m["t"]] = m
+                if m["t"] == "result":
+                    self.results.setdefault(m["job"], {})[r] = m
+
     def pump_once_more(self, r: int) -> None:
         # A rank that wrote its error line and exited: read the line before reporting the exit.
         for m in self.readers[r].poll():
@@ -243,7 +252,10 @@ def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv:
         _run_phases(spec, mon, deadlines, run)
     except GroupFailure as e:
         # Messages are read in batches, so a rank can have finished jobs (or failed in one) that the
-        # phase loop had not reached yet: the monitor's record is the truth.
+        # phase loop had not reached yet: the monitor's record is the truth. The ranks that did not fail
+        # get a moment to flush the results of jobs they finished together with the failing rank.
+        time.sleep(min(deadlines.grace_s, 0.5))
+        mon.drain()
         run.results = mon.complete_jobs()
         if e.job is not None:
             run.failed_job, run.phase = e.job, f"job {e.job} ({spec.cases[e.job].id})"
