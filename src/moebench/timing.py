@@ -72,7 +72,8 @@ def _l2_flusher(torch, device):
     return lambda: buf.zero_()
 
 
-def _event_time(torch, fn) -> float:
+def event_time(torch, fn) -> float:
+    """Seconds between CUDA events recorded around fn() on the current stream (waits for the end)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -115,14 +116,14 @@ def graph_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, flush_l2:
     if not flush_l2:
         g = capture_graph(torch, calls)
         g.replay()
-        return collect(lambda: _event_time(torch, g.replay) / r, rule)
+        return collect(lambda: event_time(torch, g.replay) / r, rule)
     flush = _l2_flusher(torch, torch.cuda.current_device())
     interleaved = [f for c in calls for f in (flush, c)]
     g_work = capture_graph(torch, interleaved)
     g_flush = capture_graph(torch, [flush] * r)
     g_work.replay()
     g_flush.replay()
-    return collect(lambda: (_event_time(torch, g_work.replay) - _event_time(torch, g_flush.replay)) / r, rule)
+    return collect(lambda: (event_time(torch, g_work.replay) - event_time(torch, g_flush.replay)) / r, rule)
 
 
 def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: int = 2) -> list[float]:
@@ -138,7 +139,7 @@ def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: i
         for c in calls:
             c()
 
-    return collect(lambda: _event_time(torch, run_all) / len(calls), rule)
+    return collect(lambda: event_time(torch, run_all) / len(calls), rule)
 
 
 def copy_bandwidth(nbytes: int = 1 << 30, *, device: str = "cuda", rule: StopRule = StopRule(min_samples=10, max_seconds=2.0)) -> tuple[float, list[float]]:

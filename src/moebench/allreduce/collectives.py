@@ -155,13 +155,9 @@ class Nccl(Collective):
         self.dist.all_reduce(self._tiny)
 
     def elapsed(self, fn: Call) -> float:
-        torch = self.torch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3
+        from moebench.timing import event_time
+
+        return event_time(self.torch, fn)
 
 
 class _VllmLogTap(logging.Handler):
