@@ -205,12 +205,7 @@ class CaseRecorder:
         # --benchmark-json/-save/-compare/-histogram show the same numbers as the gate (private API:
         # Metadata via _make_stats, pinned in pyproject and checked in tests/test_benchmark_integration.py).
         bm = self._benchmark
-        if bm is None:
-            return
-        # Marks the fixture used (no "fixture was not used" warning), also under --benchmark-disable,
-        # where the early return below used to skip it and every moebench test warned.
-        bm._mode = "moebench"
-        if getattr(bm, "disabled", False):
+        if bm is None or getattr(bm, "disabled", False):
             return
         m = result.measurement.metrics.get(result.primary) if result.primary else None
         bm.extra_info.update({"moebench_key": result.key, "verdict": result.verdict.value,
@@ -228,6 +223,10 @@ class CaseRecorder:
 @pytest.fixture
 def moebench(request: pytest.FixtureRequest, benchmark) -> CaseRecorder:
     """Measure-and-gate helper for benchmark cases (see CaseRecorder.record)."""
+    # Marks pytest-benchmark's fixture used from the start: a case that skips or fails before it
+    # records (an unavailable backend, a wrong kernel) otherwise earns a "fixture was not used" warning.
+    if benchmark is not None:
+        benchmark._mode = "moebench"
     return CaseRecorder(request, benchmark)
 
 
