@@ -9,6 +9,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import pytest
 
 from moebench.baselines.compare import Verdict, compare_metric
@@ -69,6 +72,10 @@ def test_aa_same_work_agrees(moebench):
                     primary="copy_us")
 
 
+def _with_median_error(m: Metric) -> Metric:
+    return dataclasses.replace(m, noise=1.2533 * m.noise / math.sqrt(m.n))
+
+
 def test_sensitivity_5pct_larger_is_slower(moebench):
     device = _device()
     base, big = _work(device), _work(device, 1.05)
@@ -77,8 +84,12 @@ def test_sensitivity_5pct_larger_is_slower(moebench):
     for _ in range(3):
         sa += base.time(RULE)
         sb += big.time(RULE)
-    a = Metric.from_samples(sa, "s", "lower", rel_tol=0.02)
-    b = Metric.from_samples(sb, "s", "lower", rel_tol=0.02)
+    # The question here is whether the timer resolves a 5% change between two medians measured
+    # interleaved in one session, so each side's noise is the standard error of its median
+    # (1.2533 * spread / sqrt(n)), not the per-sample spread the gate uses between runs (a shared CPU
+    # box read +4.9% here with a 6.5% per-sample spread: clearly seen, yet AMBIGUOUS on spread alone).
+    a = _with_median_error(Metric.from_samples(sa, "s", "lower", rel_tol=0.02))
+    b = _with_median_error(Metric.from_samples(sb, "s", "lower", rel_tol=0.02))
     c = compare_metric(b, a)
     assert c.verdict is Verdict.REGRESSION, (
         f"sensitivity: 5% more bytes measured {c.delta_pct:+.1f}% (noise band {100 * (c.noise or 0):.1f}%), "
