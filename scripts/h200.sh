@@ -7,7 +7,8 @@
 #     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | decode | allreduce
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
-#            the scratch folder /tmp/moebench-PHASE stays on the machine while it is held)
+#            the scratch folder /tmp/moebench-PHASE stays on the machine while it is held; `compare`
+#            alone on a fresh machine checks the committed baselines)
 #
 # Phases on different GPUs run side by side: `bash scripts/h200.sh gemm-vllm 0 & bash scripts/h200.sh decode 1; wait`.
 # Expected there: torch 2.11 cu130, triton 3.6, pytest-benchmark 5.2.3; vLLM in /tmp/site (vllm-stage).
@@ -22,7 +23,11 @@ export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ "$phase" = allreduce ] || export CUDA_VISIBLE_DEVICES=$gpu
 work=/tmp/moebench-$phase
-if [ "$pass" != compare ]; then rm -rf "$work" && mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/" 2>/dev/null; fi
+# A fresh scratch copy of the committed baselines, except for a compare that follows this machine's own
+# record pass; a compare on a fresh machine is gated against the committed files themselves.
+if [ "$pass" != compare ] || [ ! -d "$work/bl" ]; then
+  rm -rf "$work" && mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/" 2>/dev/null
+fi
 quiet='^(test_|---|Name |Legend|  Outliers|  OPS|$)'
 
 record() {
