@@ -237,8 +237,9 @@ def clock_monitor(period_s: float = 0.05) -> Iterator[ClockReport]:
         return
     count = _try(pynvml.nvmlDeviceGetCount, default=0) or 0
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in _visible_indices(count)]
-    reasons_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons")
+    # Newer NVML names it "clocks event reasons"; older bindings only have the throttle-reasons name.
+    reasons_fn = (getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                  or pynvml.nvmlDeviceGetCurrentClocksThrottleReasons)
     stop = threading.Event()
 
     def sample() -> None:

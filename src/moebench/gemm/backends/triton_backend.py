@@ -50,7 +50,7 @@ def build(case: GemmCase, wl) -> Built:
             calls.append(lambda x=x, ids=ids, w=w: triton_moe.fused_moe(x, data[0], data[1], w, ids, quant=quant))
         else:
             gop = "gemm2" if op == "gemm2" else "gemm1"
-            calls.append(lambda x=x, ids=ids: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
+            calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
     # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
     if op == "fused":
         from moebench.gemm.triton_moe.api import _pdl_capable
