@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -117,6 +118,17 @@ class BaselineSet:
         return doc["fingerprint"] if doc else None
 
 
+@functools.lru_cache(maxsize=64)
+def _load_by_stamp(path: str, mtime_ns: int, size: int) -> dict:
+    return load_file(Path(path))
+
+
+def _load_cached(path: Path) -> dict:
+    """load_file, read once per file version: every NEW case of a run asks about the other hardware."""
+    st = path.stat()
+    return _load_by_stamp(str(path), st.st_mtime_ns, st.st_size)
+
+
 def other_hardware_entries(root: Path, hardware_key: str, family: str, key: str) -> dict[str, BaselineEntry]:
     """Entries for the same case key stored under other hardware keys (reported as ENV_MISMATCH).
     Unreadable files of other hardware are skipped here: they are not this run's to validate."""
@@ -129,7 +141,7 @@ def other_hardware_entries(root: Path, hardware_key: str, family: str, key: str)
         if not path.is_file():
             continue
         try:
-            entry = BaselineSet(root, folder.name, {family: load_file(path)}).entry(family, key)
+            entry = BaselineSet(root, folder.name, {family: _load_cached(path)}).entry(family, key)
         except BaselineError:
             continue
         if entry is not None:
