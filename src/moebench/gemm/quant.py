@@ -46,8 +46,7 @@ class QuantWeight:
         if self.fmt == "fp8-tensor":
             return self.q.float() * self.scale.float().view(E, 1, 1)
         if self.fmt == "fp8-block128":
-            s = self.scale.float().repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :N, :K]
-            return self.q.float() * s
+            return self.q.float() * _block_expand(self.scale.float(), N, K)
         if self.fmt == "nvfp4":
             table = torch.tensor(E2M1_VALUES, device=self.q.device)
             mag = table[(self.q & 7).long()]
@@ -65,31 +64,39 @@ def quantize(w, fmt: str) -> QuantWeight:
     E, N, K = w.shape
     if fmt.startswith("int4-g"):
         g = int(fmt.removeprefix("int4-g"))
-        wg = w.view(E, N, K // g, g)
+        if K % g:
+            raise ValueError(f"K={K} is not a multiple of group_size={g}")
+        wg = w.reshape(E, N, K // g, g)
         scale = (wg.abs().amax(-1) / 7.0).clamp_min(1e-8)  # symmetric, Kimi-K2.5's style
-        q = torch.round(wg / scale.unsqueeze(-1)).clamp(-8, 7).to(torch.int8).view(E, N, K)
+        q = torch.round(wg / scale.unsqueeze(-1)).clamp(-8, 7).to(torch.int8).reshape(E, N, K)
         return QuantWeight(fmt, q, scale)
     if fmt == "fp8-tensor":
         scale = (w.abs().amax(dim=(1, 2)) / FP8_MAX).clamp_min(1e-12)
-        q = (w / scale.view(E, 1, 1)).to(torch.float8_e4m3fn)
+        q = (w / scale.view(E, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         return QuantWeight(fmt, q, scale)
     if fmt == "fp8-block128":
         nb, kb = -(-N // 128), -(-K // 128)
-        pad = torch.zeros(E, nb * 128, kb * 128, device=w.device)
+        pad = w.new_zeros(E, nb * 128, kb * 128)
         pad[:, :N, :K] = w
-        blocks = pad.view(E, nb, 128, kb, 128)
-        scale = (blocks.abs().amax(dim=(2, 4)) / FP8_MAX).clamp_min(1e-12)
-        q = (blocks / scale[:, :, None, :, None]).view(E, nb * 128, kb * 128)[:, :N, :K].to(torch.float8_e4m3fn)
-        return QuantWeight(fmt, q.contiguous(), scale)
+        scale = (pad.view(E, nb, 128, kb, 128).abs().amax(dim=(2, 4)) / FP8_MAX).clamp_min(1e-12)
+        q = (w / _block_expand(scale, N, K)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+        return QuantWeight(fmt, q, scale)
     if fmt == "nvfp4":
+        if K % 16:
+            raise ValueError(f"K={K} is not a multiple of 16")
         global_scale = (w.abs().amax(dim=(1, 2)) / (6.0 * FP8_MAX)).clamp_min(1e-12)
-        wb = w.view(E, N, K // 16, 16) / global_scale.view(E, 1, 1, 1)
-        block = (wb.abs().amax(-1) / 6.0).clamp_min(1e-12).to(torch.float8_e4m3fn)
-        table = torch.tensor(E2M1_VALUES, device=w.device)
-        q = torch.empty(E, N, K, dtype=torch.uint8, device=w.device)
-        for e in range(E):  # one expert at a time: the nearest-code search is 8x the weight in memory
-            x = wb[e] / block[e].float().unsqueeze(-1)
-            code = (x.abs().unsqueeze(-1) - table).abs().argmin(-1)
-            q[e] = (code | ((x < 0).long() << 3)).to(torch.uint8).view(N, K)
+        wb = w.reshape(E, N, K // 16, 16) / global_scale.view(E, 1, 1, 1)
+        # 2^-9 is e4m3's smallest subnormal: a smaller scale would round to 0 and divide by it.
+        block = (wb.abs().amax(-1) / 6.0).clamp_min(2.0**-9).to(torch.float8_e4m3fn)
+        x = wb / block.float().unsqueeze(-1)
+        # Nearest e2m1 magnitude: the midpoints between consecutive codes are the bucket edges.
+        values = torch.tensor(E2M1_VALUES, device=w.device)
+        code = torch.bucketize(x.abs().clamp(max=6.0), (values[1:] + values[:-1]) / 2)
+        q = (code | ((x < 0).long() << 3)).to(torch.uint8).reshape(E, N, K)
         return QuantWeight(fmt, q, block, global_scale)
     raise ValueError(f"unknown format {fmt!r}")
+
+
+def _block_expand(scale, n: int, k: int):
+    """[E, N/128, K/128] block scales -> [E, N, K]."""
+    return scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :n, :k]

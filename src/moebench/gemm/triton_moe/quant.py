@@ -10,7 +10,7 @@ Formats (all weights are expert-stacked [E, N, K], K the reduction dim):
                group_size 128: one per 128x128 block, scale [E, ceil(N / 128), ceil(K / 128)]
                (DeepSeek-V3). Activations are quantized on the fly: per token (row) with group 0,
                per 1x128 group with group 128; scale = max|x| / 448 over the row or group.
-  nvfp4_w4a16  e2m1 codes (bit 3 sign, bits 0-2 index into E2M1_VALUES) packed 2 per uint8 like int4
+  nvfp4_w4a16  e2m1 codes (bit 3 sign, bits 0-2 index into moebench.gemm.quant.E2M1_VALUES) packed 2 per uint8 like int4
                (low nibble = even k, no zero point); dequant = value * scale[e, n, k // 16] * gscale[e],
                scale float8_e4m3fn [E, N, K // 16], gscale float32 [E].
 """
@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-FP8_MAX = 448.0
-E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+from moebench.gemm.quant import FP8_MAX, QuantWeight, quantize
 KINDS = ("int4_w4a16", "fp8_w8a8", "nvfp4_w4a16")
 
 
@@ -72,80 +71,47 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), dim=-1).flatten(-2)
 
 
+# The format math (scales, rounding) lives in moebench.gemm.quant, shared with every other backend;
+# this module only packs it into the kernels' layout (two 4-bit codes per byte).
+def _canonical(fmt: str, w: torch.Tensor) -> QuantWeight:
+    return quantize(w, fmt)
+
+
 def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric int4 with one float32 scale per `group_size` elements along K.
 
     w: [E, N, K] float. Returns (packed uint8 [E, N, K // 2], scale float32 [E, N, K // group_size]).
     """
-    E, N, K = w.shape
-    if K % group_size:
-        raise ValueError(f"K={K} is not a multiple of group_size={group_size}")
-    wg = w.float().reshape(E, N, K // group_size, group_size)
-    scale = (wg.abs().amax(-1) / 7.0).clamp_min(1e-8)
-    q = torch.round(wg / scale.unsqueeze(-1)).clamp(-8, 7).reshape(E, N, K)
-    return pack_nibbles((q + 8).to(torch.uint8)), scale
+    qw = _canonical(f"int4-g{group_size}", w)
+    return pack_nibbles((qw.q + 8).to(torch.uint8)), qw.scale
 
 
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """float32 [E, N, K] from quantize_int4's outputs."""
-    q = unpack_nibbles(packed).float() - 8.0
-    E, N, K = q.shape
-    return (q.reshape(E, N, K // group_size, group_size) * scale.float().unsqueeze(-1)).reshape(E, N, K)
+    q = (unpack_nibbles(packed).to(torch.int16) - 8).to(torch.int8)
+    return QuantWeight(f"int4-g{group_size}", q, scale).dequantize()
 
 
 def quantize_fp8(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """float8_e4m3fn weights. group_size 0: scale [E] (per expert); 128: scale [E, ceil(N/128), ceil(K/128)]."""
-    E, N, K = w.shape
-    w = w.float()
-    if group_size == 0:
-        scale = (w.abs().amax(dim=(1, 2)) / FP8_MAX).clamp_min(1e-12)
-        return (w / scale.view(E, 1, 1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), scale
-    nb, kb = -(-N // 128), -(-K // 128)
-    padded = w.new_zeros(E, nb * 128, kb * 128)
-    padded[:, :N, :K] = w
-    scale = (padded.view(E, nb, 128, kb, 128).abs().amax(dim=(2, 4)) / FP8_MAX).clamp_min(1e-12)
-    q = (w / _block_scale_expand(scale, N, K)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return q, scale
+    qw = _canonical("fp8-tensor" if group_size == 0 else "fp8-block128", w)
+    return qw.q, qw.scale
 
 
 def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """float32 [E, N, K] from quantize_fp8's outputs."""
-    E, N, K = q.shape
-    if group_size == 0:
-        return q.float() * scale.float().view(E, 1, 1)
-    return q.float() * _block_scale_expand(scale.float(), N, K)
-
-
-def _block_scale_expand(scale: torch.Tensor, N: int, K: int) -> torch.Tensor:
-    return scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :N, :K]
+    return QuantWeight("fp8-tensor" if group_size == 0 else "fp8-block128", q, scale).dequantize()
 
 
 def quantize_nvfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """nvfp4: returns (packed uint8 [E, N, K // 2], block scale float8_e4m3fn [E, N, K // 16], global float32 [E])."""
-    E, N, K = w.shape
-    if K % 16:
-        raise ValueError(f"K={K} is not a multiple of 16")
-    w = w.float()
-    gscale = (w.abs().amax(dim=(1, 2)) / (6.0 * FP8_MAX)).clamp_min(1e-12)
-    wb = w.reshape(E, N, K // 16, 16) / gscale.view(E, 1, 1, 1)
-    bscale = (wb.abs().amax(-1) / 6.0).clamp_min(2.0 ** -9).to(torch.float8_e4m3fn)
-    x = wb / bscale.float().unsqueeze(-1)
-    # nearest e2m1 magnitude: the midpoints between consecutive codes are the bucket edges
-    values = torch.tensor(E2M1_VALUES, device=w.device)
-    code = torch.bucketize(x.abs().clamp(max=6.0), (values[1:] + values[:-1]) / 2)
-    codes = (code | ((x < 0).long() << 3)).to(torch.uint8).reshape(E, N, K)
-    return pack_nibbles(codes), bscale, gscale
+    qw = _canonical("nvfp4", w)
+    return pack_nibbles(qw.q), qw.scale, qw.global_scale
 
 
 def dequantize_nvfp4(packed: torch.Tensor, bscale: torch.Tensor, gscale: torch.Tensor) -> torch.Tensor:
     """float32 [E, N, K] from quantize_nvfp4's outputs."""
-    codes = unpack_nibbles(packed).long()
-    values = torch.tensor(E2M1_VALUES, device=packed.device)
-    mag = values[codes & 7]
-    val = torch.where(codes >= 8, -mag, mag)
-    E, N, K = val.shape
-    s = bscale.float().repeat_interleave(16, 2) * gscale.float().view(E, 1, 1)
-    return val * s
+    return QuantWeight("nvfp4", unpack_nibbles(packed), bscale, gscale).dequantize()
 
 
 def quantize_weight(w: torch.Tensor, kind: str, group_size: int):
