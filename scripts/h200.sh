@@ -4,7 +4,11 @@
 # scratch copy of baselines/ (--baseline-update), then runs again and is gated against what it recorded.
 #
 #   bash scripts/h200.sh PHASE [GPU] [PASS]
-#     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | decode | allreduce
+#     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | gemm | decode | allreduce |
+#            allreduce-car
+#            gemm: records the Triton fused MoE issue's one run, -m "gemm and (triton or vllm_triton or
+#            vllm_marlin)", then compares all of -m gemm (torch backends against their stored entries).
+#            allreduce-car: records vllm_custom_ar only, then compares all of -m allreduce.
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
 #            the scratch folder /tmp/moebench-PHASE stays on the machine while it is held; `compare`
@@ -21,7 +25,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-[ "$phase" = allreduce ] || export CUDA_VISIBLE_DEVICES=$gpu
+case $phase in allreduce*) ;; *) export CUDA_VISIBLE_DEVICES=$gpu ;; esac
 work=/tmp/moebench-$phase
 # A fresh scratch copy of the committed baselines, except for a compare that follows this machine's own
 # record pass; a compare on a fresh machine is gated against the committed files themselves.
@@ -42,21 +46,27 @@ compare() {
   cp "$work/summary.md" "$OUT/$phase-summary.md" 2>/dev/null
 }
 run() { [ "$pass" = compare ] || record "$@"; [ "$pass" = record ] || compare "$@"; }
+# run_split RECORD_EXPR COMPARE_EXPR: record one selection, gate a wider one against the result
+run_split() { [ "$pass" = compare ] || record -m "$1"; [ "$pass" = record ] || compare -m "$2"; }
+# This machine's sweep winners (sweep phase, earlier call) go into configs.json before any Triton case
+# runs, in record and compare passes alike: the copied tree is fresh on every call.
+apply_sweep() {
+  if [ -f /tmp/moebench-sweep/sweep.json ]; then
+    python3 -m moebench.gemm.triton_moe.apply_sweep /tmp/moebench-sweep/sweep.json && cp src/moebench/gemm/triton_moe/configs.json "$OUT/"
+  fi
+}
 
 case $phase in
   selfcheck) run -m selfcheck ;;
   sweep) python3 -m moebench.gemm.triton_moe.sweep --out "$work/sweep.json" >"$work/sweep.log" 2>&1
-         echo "== sweep: $(tail -n 3 "$work/sweep.log")"; cp "$work/sweep.json" "$OUT/" ;;
+         echo "== sweep: $(tail -n 3 "$work/sweep.log")"; cp "$work/sweep.json" "$work/sweep.log" "$OUT/" ;;
   gemm-torch) run -m "gemm and (torch_loop or torch_bmm or torch_grouped_mm)" ;;
-  gemm-triton)
-    # Tuned configs from this machine's sweep, when one ran: the kernels then run what was measured best.
-    if [ -f /tmp/moebench-sweep/sweep.json ] && [ "$pass" != compare ]; then
-      python3 -m moebench.gemm.triton_moe.apply_sweep /tmp/moebench-sweep/sweep.json && cp src/moebench/gemm/triton_moe/configs.json "$OUT/"
-    fi
-    run -m "gemm and triton" ;;
+  gemm-triton) apply_sweep; run -m "gemm and triton" ;;
   gemm-vllm) run -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" ;;
+  gemm) apply_sweep; run_split "gemm and (triton or vllm_triton or vllm_marlin)" gemm ;;
   decode) run -m decode ${DECODE_ARGS:-} ;;
   allreduce) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run -m allreduce ;;
+  allreduce-car) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run_split "allreduce and vllm_custom_ar" allreduce ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac
 tar -C "$work" -czf "$OUT/$phase-$pass.tgz" .
