@@ -11,7 +11,7 @@
 #            allreduce-car: records vllm_custom_ar only, then compares all of -m allreduce.
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
-#            the scratch folder /tmp/moebench-PHASE stays on the machine while it is held; `compare`
+#            the scratch folder /tmp/moebench-FAMILY stays on the machine while it is held; `compare`
 #            alone on a fresh machine checks the committed baselines)
 #
 # Phases on different GPUs run side by side: `bash scripts/h200.sh gemm-vllm 0 & bash scripts/h200.sh decode 1; wait`.
@@ -26,24 +26,25 @@ export PYTHONPATH=/tmp/site:src PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case $phase in allreduce*) ;; *) export CUDA_VISIBLE_DEVICES=$gpu ;; esac
-work=/tmp/moebench-$phase
-# A fresh scratch copy of the committed baselines, except for a compare that follows this machine's own
-# record pass; a compare on a fresh machine is gated against the committed files themselves.
-if [ "$pass" != compare ] || [ ! -d "$work/bl" ]; then
-  rm -rf "$work" && mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/" 2>/dev/null
-fi
+# One scratch copy of the committed baselines per family (gemm-torch, gemm-vllm and gemm share
+# /tmp/moebench-gemm; allreduce and allreduce-car share /tmp/moebench-allreduce), made on the family's first
+# phase on this machine and kept while the machine is held: records of several phases and calls
+# accumulate there, and a later compare gates against all of them. A compare on a fresh machine gates
+# against the committed files themselves.
+work=/tmp/moebench-${phase%%-*}
+[ -d "$work/bl" ] || { mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/"; }
 quiet='^(test_|---|Name |Legend|  Outliers|  OPS|$)'
 
 record() {
   python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
-    --baseline-update --results-json "$work/run1.json" "$@" >"$work/run1.log" 2>&1
-  echo "== $phase record: $(tail -n 1 "$work/run1.log")"
+    --baseline-update --results-json "$work/$phase-run1.json" "$@" >"$work/$phase-run1.log" 2>&1
+  echo "== $phase record: $(tail -n 1 "$work/$phase-run1.log")"
 }
 compare() {
   python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
-    --results-json "$work/run2.json" --summary-md "$work/summary.md" "$@" >"$work/run2.log" 2>&1
-  grep -vE "$quiet" "$work/run2.log" | tail -n 60
-  cp "$work/summary.md" "$OUT/$phase-summary.md" 2>/dev/null
+    --results-json "$work/$phase-run2.json" --summary-md "$work/$phase-summary.md" "$@" >"$work/$phase-run2.log" 2>&1
+  grep -vE "$quiet" "$work/$phase-run2.log" | tail -n 60
+  cp "$work/$phase-summary.md" "$OUT/" 2>/dev/null
 }
 run() { [ "$pass" = compare ] || record "$@"; [ "$pass" = record ] || compare "$@"; }
 # run_split RECORD_EXPR COMPARE_EXPR: record one selection, gate a wider one against the result

@@ -91,3 +91,56 @@ def test_cpu_timer_returns_one_sample_per_round_of_the_calls():
     assert all(isinstance(s, float) and s >= 0 for s in samples)
     assert counts == [2 + 4] * 3, "each call runs once per warm-up round and once per sample"
 
+
+
+class _FakeCuda:
+    """Records the order of stream operations event_time issues; 1 ms between the marks."""
+
+    def __init__(self, log: list, with_sleep: bool = True):
+        self.log = log
+        if with_sleep:
+            self._sleep = lambda cycles: log.append(("sleep", cycles))
+        cuda = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.name = "start" if not any(isinstance(x, tuple) and x[0] == "event" for x in log) else "end"
+                log.append(("event", self.name))
+
+            def record(self):
+                cuda.log.append(("record", self.name))
+
+            def synchronize(self):
+                pass
+
+            def elapsed_time(self, other):
+                return 1.0
+
+        self.Event = Event
+
+
+class _FakeTorch:
+    def __init__(self, log: list, with_sleep: bool = True):
+        self.cuda = _FakeCuda(log, with_sleep)
+
+
+@pytest.mark.parametrize("head_start", [False, True])
+def test_event_time_head_start_holds_the_stream_before_the_start_mark_only_when_asked(head_start):
+    from moebench import timing
+
+    log: list = []
+    secs = timing.event_time(_FakeTorch(log), lambda: log.append(("work",)), head_start=head_start)
+    ops = [x for x in log if x[0] != "event"]
+    expected = [("record", "start"), ("work",), ("record", "end")]
+    if head_start:
+        expected = [("sleep", timing.HEAD_START_CYCLES)] + expected
+    assert ops == expected
+    assert secs == pytest.approx(1e-3)
+
+
+def test_event_time_head_start_without_sleep_support_still_times():
+    from moebench import timing
+
+    log: list = []
+    timing.event_time(_FakeTorch(log, with_sleep=False), lambda: log.append(("work",)), head_start=True)
+    assert [x for x in log if x[0] != "event"] == [("record", "start"), ("work",), ("record", "end")]

@@ -87,11 +87,6 @@ def gemv_cfg(bn=8, bk=64, bn2=32, bk2=None, I=32):
                         tm.KernelConfig(block_n=bn2, block_k=bk2 or max(I, 64)))
 
 
-def persistent_cfg(bn=8, bk=64, bn2=16, bk2=32, warps=4):
-    return tm.MoEConfig("persistent", tm.KernelConfig(block_n=bn, block_k=bk, num_warps=warps),
-                        tm.KernelConfig(block_n=bn2, block_k=bk2))
-
-
 def grouped_cfg(bn=16, bk=64, bm=16):
     kc = tm.KernelConfig(block_n=bn, block_k=bk, block_m=bm)
     return tm.MoEConfig("grouped", kc, kc)
@@ -143,41 +138,13 @@ def _quant_fused_err(kind, group, cfg, I, M=3, K=256, topk=2, seed=11):
 
 
 @pytest.mark.parametrize("M,topk", [(1, 2), (3, 4), (5, 2)])
-@pytest.mark.parametrize("path", ["gemv", "persistent", "grouped"])
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
 def test_fused_bf16(interp, M, topk, path):
-    cfg = {"gemv": gemv_cfg(bk=64, bk2=32), "persistent": persistent_cfg(), "grouped": grouped_cfg(bk=32)}[path]
+    cfg = gemv_cfg(bk=64, bk2=32) if path == "gemv" else grouped_cfg(bk=32)
     assert interp(_fused_err, M, 128, 32, topk, cfg) < BF16_TOL
 
 
-def _persistent_counters_after(M, I, cfg):
-    """The relative error of a persistent-path call, and its sync counters afterwards."""
-    from moebench.gemm.triton_moe import persistent
-
-    err = _fused_err(M, 96, I, 2, cfg, 5)
-    return err, persistent.sync_buffer(torch.device("cpu")).tolist()
-
-
-@pytest.mark.parametrize("M,I,cfg", [(1, 32, persistent_cfg(bn=4, bn2=8)), (4, 48, persistent_cfg(bk2=64)),
-                                     (2, 32, persistent_cfg(bn=32, bn2=128))], ids=["m1", "i48", "one-tile-each"])
-def test_persistent_items_and_counters(interp, M, I, cfg):
-    """Every up / down item is computed once (several per program, I not a power of two, tiles wider
-    than the dimension), and the last program leaves the counters at zero with no error flagged."""
-    err, counters = interp(_persistent_counters_after, M, I, cfg)
-    assert err < BF16_TOL
-    assert counters == [0, 0, 0]
-
-
-def test_persistent_rejects_what_it_cannot_run():
-    x, w1, w2, tw, ids = make_moe(1, 64, 32, 2)
-    with pytest.raises(ValueError, match="down.block_k=16 must be >= I=32"):
-        tm.fused_moe(x, w1, w2, tw, ids, config=persistent_cfg(bk2=16))
-    d1, d2, quant = tm.quantize_moe(w1, w2, "fp8_w8a8", 0)
-    with pytest.raises(ValueError, match="persistent path takes bf16 activations"):
-        tm.fused_moe(x, d1, d2, tw, ids, quant=quant, config=persistent_cfg(bk=64, bk2=64))
-
-
-@pytest.mark.parametrize("cfg", [None, gemv_cfg(bk=64, bk2=32), persistent_cfg(bk=64), grouped_cfg(bk=64)],
-                         ids=["default", "gemv", "persistent", "grouped"])
+@pytest.mark.parametrize("cfg", [None, gemv_cfg(bk=64, bk2=32), grouped_cfg(bk=64)], ids=["default", "gemv", "grouped"])
 def test_fused_bf16_k_tail(interp, cfg):
     """K = 160 is not a multiple of BLOCK_K (masked tail chunk); None: config_for's choice."""
     assert interp(_fused_err, 3, 160, 32, 2, cfg, 3) < BF16_TOL
@@ -203,11 +170,10 @@ def test_grouped_gemm_bf16(interp, op, path):
 
 
 @pytest.mark.parametrize("group", [32, 128])
-@pytest.mark.parametrize("path", ["gemv", "persistent", "grouped"])
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
 def test_fused_int4(interp, group, path):
     I = 128 if group == 128 else 64
-    cfg = {"gemv": gemv_cfg(bk=128, bk2=I), "persistent": persistent_cfg(bk=128, bk2=I),
-           "grouped": grouped_cfg(bk=group)}[path]
+    cfg = gemv_cfg(bk=128, bk2=I) if path == "gemv" else grouped_cfg(bk=group)
     assert interp(_quant_fused_err, "int4_w4a16", group, cfg, I) < BF16_TOL
 
 
@@ -218,10 +184,9 @@ def test_fused_fp8(interp, group, path):
     assert interp(_quant_fused_err, "fp8_w8a8", group, cfg, 128) < 2e-2
 
 
-@pytest.mark.parametrize("path", ["gemv", "persistent", "grouped"])
+@pytest.mark.parametrize("path", ["gemv", "grouped"])
 def test_fused_nvfp4(interp, path):
-    cfg = {"gemv": gemv_cfg(bk=64, bk2=64), "persistent": persistent_cfg(bk=64, bk2=64),
-           "grouped": grouped_cfg(bk=32)}[path]
+    cfg = gemv_cfg(bk=64, bk2=64) if path == "gemv" else grouped_cfg(bk=32)
     assert interp(_quant_fused_err, "nvfp4_w4a16", 16, cfg, 64) < BF16_TOL
 
 
@@ -308,7 +273,7 @@ def test_config_for_real_shapes():
     assert tm.config_for(1, 7168, 256, 384, 8, None, pdl=True).pdl
 
 
-@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32", "persistent_bf16"])
+@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)
     without spills, with 16-byte weight or activation loads, and bf16 without any shared-memory
@@ -324,11 +289,8 @@ def test_compiles_for_sm90(name):
         pytest.skip(f"no ptxas: {exc}")
     assert r["spill"] == 0
     assert r["loads"].get("ld.global.v4.b32", 0) > 0
-    if name.startswith("gemv") and "bf16" in name:
+    if "bf16" in name:
         assert r["loop_smem"] == 0
-    if name.startswith("persistent"):
-        # the item loops' only conversions are each phase's epilogue store of BLOCK_N values
-        assert r["loop_smem"] <= 2
 
 
 def test_sweep_smoke(tmp_path):

@@ -94,7 +94,7 @@ def measure_case(coll: Collective, case: AllreduceCase, beat: Callable[[], None]
         if coll.vote(rule.done(samples, time.perf_counter() - t0)):
             break
         coll.align()
-        samples.append(coll.elapsed(run_once) / case.ops_per_sample * 1e6)
+        samples.append(coll.elapsed(run_once, graph=graph is not None) / case.ops_per_sample * 1e6)
         beat()
     del graph
     return {"wrong": wrong, "checked": checked, "samples_us": samples, "ops_per_sample": case.ops_per_sample}

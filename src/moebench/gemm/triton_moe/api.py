@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from . import persistent, tiles
+from . import tiles
 from .act_quant import fp8_act_quant
 from .config import KernelConfig, MoEConfig, config_for
 from .gemv import moe_gemv_kernel
@@ -94,10 +94,6 @@ def _check(kc: KernelConfig, w: _Weight, a: _Act, path: str):
     need = max(w.group, 128 if a.mode == tiles.A_FP8_GROUP.value else 1, 8)
     if kc.block_k % need:
         raise ValueError(f"block_k={kc.block_k} must be a multiple of {need} for this format")
-    if path == "persistent":
-        if kc.block_k < w.K:
-            raise ValueError(f"the persistent path's down kernel reads all of I at once: down.block_k={kc.block_k} "
-                             f"must be >= I={w.K}")
     if path == "grouped":
         if min(kc.block_m, kc.block_n, kc.block_k) < 16:
             raise ValueError("the grouped (tl.dot) path needs block_m, block_n, block_k >= 16")
@@ -154,9 +150,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     x: [M, K] bf16. w1: [E, 2I, K], w2: [E, K, I] (bf16, or the packed format of `quant`).
     topk_weights: float32 [M, topk]. topk_ids: int32 [M, topk]. quant: a Quant with
     scales (w1_scale, w2_scale), or None for bf16. config: a MoEConfig, default config_for(...).
-    Returns [M, K] in x's dtype. CUDA-graph capturable. Launches: one on the "persistent" path,
-    two on "gemv" (plus two activation-quantization launches for fp8_w8a8), four plus the expert
-    sort on "grouped".
+    Returns [M, K] in x's dtype. CUDA-graph capturable; two launches on the decode path (plus two
+    activation-quantization launches for fp8_w8a8).
     """
     M, K = x.shape
     topk = topk_ids.shape[1]
@@ -169,14 +164,6 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     P = M * topk
     h = torch.empty((P, I), dtype=x.dtype, device=x.device)
     out = torch.empty((M, K), dtype=x.dtype, device=x.device)
-    if cfg.path == "persistent":
-        if quant is not None and quant.kind == "fp8_w8a8":
-            raise ValueError("the persistent path takes bf16 activations (weight-only formats), not fp8_w8a8")
-        act = _act(x, quant)
-        _check(cfg.up, wu, act, "gemv")
-        _check(cfg.down, wd, act, "persistent")
-        persistent.launch(act.data, wu, wd, ids, tw, h, out, M=M, topk=topk, I=I, K=K, cfg=cfg)
-        return out
     if cfg.path == "gemv":
         _gemv(_act(x, quant), wu, ids, tw, h, rows=P, N=I, K=K, up_rows=I, slots=1, a_div=topk,
               weighted=False, kc=cfg.up, pdl_trigger=cfg.pdl)

@@ -22,12 +22,12 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import act_quant, gemv, grouped, persistent
+from . import act_quant, gemv, grouped
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real
 # shapes); num_pairs = M * topk need not be.
-UNALIGNED_INTS = {"num_pairs", "M"}
+UNALIGNED_INTS = {"num_pairs"}
 
 
 @dataclass
@@ -68,14 +68,6 @@ def specs() -> list[Spec]:
         out.append(Spec(f"gemv_down_{name}", gemv.moe_gemv_kernel, ptrs, dict(
             K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, **w, BLOCK_N=8, BLOCK_K=256,
             PDL_WAIT=True, PDL_TRIGGER=False), opts=dict(launch_pdl=True)))
-        if a_mode == 0:  # the persistent path is weight-only (bf16 activations)
-            wp = _w_ptrs(mode, a_dt)
-            pptrs = dict(x_ptr="*bf16", w1_ptr=wp["w_ptr"], w1s_ptr=wp["w_scale_ptr"], w1g_ptr="*fp32",
-                         w2_ptr=wp["w_ptr"], w2s_ptr=wp["w_scale_ptr"], w2g_ptr="*fp32", ids_ptr="*i32",
-                         tw_ptr="*fp32", h_ptr="*bf16", out_ptr="*bf16", sync_ptr="*i32")
-            out.append(Spec(f"persistent_{name}", persistent.moe_persistent_kernel, pptrs, dict(
-                K=7168, I=256, TOPK=8, TOPK_P=8, W_MODE=mode, W_GROUP=group, W_SN_DIV=sn_div, UP_BLOCK_N=4, UP_BLOCK_K=bk, DOWN_BLOCK_N=4,
-                DOWN_BLOCK_K=256, FENCE=True, SPIN_LIMIT=persistent.SPIN_LIMIT)))
         gptrs = dict(_w_ptrs(mode, a_dt), sorted_ptr="*i32", block_expert_ptr="*i32")
         gbk = 128 if mode in (2, 3) or group == 128 else 64
         out.append(Spec(f"grouped_up_{name}", grouped.moe_grouped_kernel, gptrs, dict(

@@ -31,8 +31,7 @@ class KernelConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """path: "gemv" (decode, two launches), "persistent" (decode, one launch: see persistent.py;
-    up.num_warps is the kernel's, down.num_warps is ignored) or "grouped". pdl: launch the down kernel with programmatic dependent launch
+    """path: "gemv" or "grouped". pdl: launch the down kernel with programmatic dependent launch
     (Hopper+), so it starts streaming w2 while the up kernel finishes. source: where it came from
     ("table", "heuristic" or "user")."""
 

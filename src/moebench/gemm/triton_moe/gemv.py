@@ -23,7 +23,7 @@ from .tiles import (A_FP8_GROUP, A_FP8_ROW, E2M1_UNSCALE, W_FP8, W_NVFP4, load_w
 
 
 @triton.jit
-def load_a_raw(a_ptr, as_ptr, arows, asrows, k0, mask_s, stride_ask,
+def _load_a_raw(a_ptr, as_ptr, arows, asrows, k0, mask_s, stride_ask,
                 K: tl.constexpr, A_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Activation chunk [S, BLOCK_N, BLOCK_K] (stored dtype; the row repeated BLOCK_N times) and,
     for A_FP8_GROUP, the scale of each run of 8 k values [S, BLOCK_N, BLOCK_K // 8] (else a dummy).
@@ -44,7 +44,7 @@ def load_a_raw(a_ptr, as_ptr, arows, asrows, k0, mask_s, stride_ask,
 
 
 @triton.jit
-def rowdot(q, s, a, a_s, W_MODE: tl.constexpr, W_GROUP: tl.constexpr, A_MODE: tl.constexpr):
+def _rowdot(q, s, a, a_s, W_MODE: tl.constexpr, W_GROUP: tl.constexpr, A_MODE: tl.constexpr):
     """Partial dot products [S, BN, BLOCK_K // 8] of a raw weight tile with an activation chunk:
     sums over runs of 8 consecutive k (one thread's vector, so no cross-thread traffic), times the
     runs' scales. The caller accumulates these and reduces across threads once, after the K loop."""
@@ -63,7 +63,7 @@ def rowdot(q, s, a, a_s, W_MODE: tl.constexpr, W_GROUP: tl.constexpr, A_MODE: tl
 
 
 @triton.jit
-def expert_scale(s_ptr, g_ptr, e, stride_se, mask_s, W_MODE: tl.constexpr):
+def _expert_scale(s_ptr, g_ptr, e, stride_se, mask_s, W_MODE: tl.constexpr):
     """Per-slot factor [S] that is constant over the whole weight (fp8 per-tensor, nvfp4 global)."""
     if W_MODE == W_FP8:
         return tl.load(s_ptr + e * stride_se, mask=mask_s, other=0).to(tl.float32)
@@ -74,15 +74,27 @@ def expert_scale(s_ptr, g_ptr, e, stride_se, mask_s, W_MODE: tl.constexpr):
 
 
 @triton.jit
-def gemv_tile(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_gscale_ptr, ids_ptr, tw_ptr, pid_r, pid_n,
-    N, stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
+def moe_gemv_kernel(
+    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_gscale_ptr, ids_ptr, tw_ptr, out_ptr,
+    N, stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_om,
     K: tl.constexpr, UP_ROWS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr, A_DIV: tl.constexpr,
     WEIGHTED: tl.constexpr, W_MODE: tl.constexpr, W_GROUP: tl.constexpr, W_SN_DIV: tl.constexpr,
-    A_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL_WAIT: tl.constexpr,
+    A_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr,
 ):
-    """One output tile of moe_gemv_kernel: (float32 values [BLOCK_N], their columns, column mask) of
-    output row pid_r, columns pid_n * BLOCK_N onwards. Shared with the persistent kernel's up phase."""
+    """out[r, n] = sum_{s < SLOTS} tw[p] * f(a[p // A_DIV] . w[ids[p], n]),  p = r * SLOTS + s,
+    with f = identity, or silu(gate) * up when UP_ROWS > 0 (up row = UP_ROWS + n), tw = 1 unless
+    WEIGHTED. Grid: (rows, cdiv(N, BLOCK_N)).
+
+    W_SN_DIV: weight rows per scale row (128 for fp8 block scales, else 1). PDL_WAIT: load the
+    weights, then wait for the previous kernel (whose output `a` is) before touching `a`.
+    PDL_TRIGGER: let the next kernel launch now (it must PDL_WAIT before reading this one's output).
+    """
+    pid_r = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    if PDL_TRIGGER:
+        tl.extra.cuda.gdc_launch_dependents()
+
     slot = tl.arange(0, SLOTS_P)
     mask_s = slot < SLOTS
     pair = pid_r * SLOTS + slot
@@ -110,7 +122,7 @@ def gemv_tile(
                             K, W_MODE, W_GROUP, BLOCK_K, W_VEC)
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
-    a, a_s = load_a_raw(a_ptr, a_scale_ptr, arows, asrows, 0, mask_a, stride_ask, K, A_MODE, BLOCK_N, BLOCK_K)
+    a, a_s = _load_a_raw(a_ptr, a_scale_ptr, arows, asrows, 0, mask_a, stride_ask, K, A_MODE, BLOCK_N, BLOCK_K)
 
     # Hand double-buffering: each iteration issues chunk k0's loads, then reduces the chunk loaded
     # one iteration earlier, so a program always has a chunk in flight while it computes.
@@ -122,21 +134,21 @@ def gemv_tile(
         if UP_ROWS > 0:
             qu_next, su_next = load_w_raw(w_ptr, w_scale_ptr, rows_u, srows_u, k0, mask_r, stride_sk,
                                           K, W_MODE, W_GROUP, BLOCK_K, W_VEC)
-        a_next, a_s_next = load_a_raw(a_ptr, a_scale_ptr, arows, asrows, k0, mask_a, stride_ask,
+        a_next, a_s_next = _load_a_raw(a_ptr, a_scale_ptr, arows, asrows, k0, mask_a, stride_ask,
                                        K, A_MODE, BLOCK_N, BLOCK_K)
-        acc += rowdot(q, s, a, a_s, W_MODE, W_GROUP, A_MODE)
+        acc += _rowdot(q, s, a, a_s, W_MODE, W_GROUP, A_MODE)
         if UP_ROWS > 0:
-            acc_u += rowdot(qu, su, a, a_s, W_MODE, W_GROUP, A_MODE)
+            acc_u += _rowdot(qu, su, a, a_s, W_MODE, W_GROUP, A_MODE)
             qu, su = qu_next, su_next
         q, s, a, a_s = q_next, s_next, a_next, a_s_next
-    acc += rowdot(q, s, a, a_s, W_MODE, W_GROUP, A_MODE)
+    acc += _rowdot(q, s, a, a_s, W_MODE, W_GROUP, A_MODE)
     if UP_ROWS > 0:
-        acc_u += rowdot(qu, su, a, a_s, W_MODE, W_GROUP, A_MODE)
+        acc_u += _rowdot(qu, su, a, a_s, W_MODE, W_GROUP, A_MODE)
 
     acc = tl.sum(acc, axis=2)
     acc_u = tl.sum(acc_u, axis=2)
     # Scales constant over a whole row: per-expert weight scale, per-row activation scale.
-    factor = expert_scale(w_scale_ptr, w_gscale_ptr, e, stride_se, mask_s, W_MODE)
+    factor = _expert_scale(w_scale_ptr, w_gscale_ptr, e, stride_se, mask_s, W_MODE)
     if A_MODE == A_FP8_ROW:
         factor = factor * tl.load(a_scale_ptr + arow * stride_asm, mask=mask_s, other=0).to(tl.float32)
     y = acc * factor[:, None]
@@ -144,32 +156,5 @@ def gemv_tile(
         y = silu_mul(y, acc_u * factor[:, None])
     if WEIGHTED:
         y = y * tl.load(tw_ptr + pair, mask=mask_s, other=0).to(tl.float32)[:, None]
-    return tl.sum(y, axis=0), offs_n, mask_n
-
-
-@triton.jit
-def moe_gemv_kernel(
-    a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_gscale_ptr, ids_ptr, tw_ptr, out_ptr,
-    N, stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_se, stride_sn, stride_sk, stride_om,
-    K: tl.constexpr, UP_ROWS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr, A_DIV: tl.constexpr,
-    WEIGHTED: tl.constexpr, W_MODE: tl.constexpr, W_GROUP: tl.constexpr, W_SN_DIV: tl.constexpr,
-    A_MODE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr,
-):
-    """out[r, n] = sum_{s < SLOTS} tw[p] * f(a[p // A_DIV] . w[ids[p], n]),  p = r * SLOTS + s,
-    with f = identity, or silu(gate) * up when UP_ROWS > 0 (up row = UP_ROWS + n), tw = 1 unless
-    WEIGHTED. Grid: (rows, cdiv(N, BLOCK_N)).
-
-    W_SN_DIV: weight rows per scale row (128 for fp8 block scales, else 1). PDL_WAIT: load the
-    weights, then wait for the previous kernel (whose output `a` is) before touching `a`.
-    PDL_TRIGGER: let the next kernel launch now (it must PDL_WAIT before reading this one's output).
-    """
-    pid_r = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    if PDL_TRIGGER:
-        tl.extra.cuda.gdc_launch_dependents()
-    out, offs_n, mask_n = gemv_tile(
-        a_ptr, a_scale_ptr, w_ptr, w_scale_ptr, w_gscale_ptr, ids_ptr, tw_ptr, pid_r, pid_n,
-        N, stride_am, stride_asm, stride_ask, stride_we, stride_wn, stride_se, stride_sn, stride_sk,
-        K, UP_ROWS, SLOTS, SLOTS_P, A_DIV, WEIGHTED, W_MODE, W_GROUP, W_SN_DIV, A_MODE, BLOCK_N, BLOCK_K, PDL_WAIT)
+    out = tl.sum(y, axis=0)
     tl.store(out_ptr + pid_r * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=mask_n)

@@ -9,8 +9,7 @@ against the float32 reference on routing 0 (wrong or failing configs are recorde
 times the R calls captured in one CUDA graph (weights are not L2-resident from one call to the next
 because each call routes to different experts): per-call time = graph time / R, median over replays.
 Candidates are searched coordinate-wise: up-kernel tiles, then down-kernel tiles with the best up,
-then PDL on/off, then the one-launch persistent kernel (persistent.py) around the best GEMV tiles,
-plus the grouped (tl.dot) path for M >= 8. The JSON holds every result and a
+then PDL on/off, plus the grouped (tl.dot) path for M >= 8. The JSON holds every result and a
 "table" of winners in configs.json's format.
 """
 
@@ -54,25 +53,19 @@ def cases(smoke: bool) -> list[Case]:
 
 def candidates(case: Case, tm, quant, smoke: bool, pdl: bool):
     """The heuristic default and the tile grids of the search: up (block_n, block_k, warps), down
-    (block_n, warps), persistent (up block_n, up block_k, warps, down block_n) and grouped
-    (block_m, block_n, block_k, stages)."""
+    (block_n, warps) and grouped (block_m, block_n, block_k, stages)."""
     base = tm.config_for(case.M, case.K, case.I, case.E, case.topk, quant, pdl=pdl)
     if smoke:
         ups = [(8, 128, 4)]
         downs = [(16, 4)]
         grouped = [(16, 32, 64, 1)]
-        persistent = [(8, 128, 4, 16)]
     else:
         bks = (512, 1024) if quant is None else (1024, 2048)
         # more than ~32 weight values per thread per chunk costs occupancy (150-250 registers)
         ups = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in bks for w in (4, 8) if bn * bk <= 1024 * w]
         downs = [(4, 4), (8, 4), (4, 8), (8, 8), (16, 8)]
         grouped = [(16, bn, bk, st) for bn in (64, 128) for bk in (64, 128) for st in (3, 4)]
-        # one kernel holds both phases' registers: 4 warps, <= 16 KB weight chunks, down tiles of
-        # 2-8 hidden rows x all top-k experts
-        persistent = [(bn, bk, 4, bn2) for bn, bk in ((2, 1024), (4, 512), (4, 1024), (8, 512))
-                      for bn2 in (2, 4, 8) if quant is None or bk >= 1024]
-    return base, ups, downs, grouped, persistent
+    return base, ups, downs, grouped
 
 
 class Weights:
@@ -172,8 +165,6 @@ class Runner:
 
 def describe(cfg) -> str:
     u, d = cfg.up, cfg.down
-    if cfg.path == "persistent":
-        return f"persistent up n{u.block_n} k{u.block_k} w{u.num_warps} | down n{d.block_n} k{d.block_k}"
     if cfg.path == "gemv":
         return f"gemv up n{u.block_n} k{u.block_k} w{u.num_warps} | down n{d.block_n} k{d.block_k} w{d.num_warps} | pdl={int(cfg.pdl)}"
     return f"grouped m{u.block_m} n{u.block_n} k{u.block_k} w{u.num_warps} s{u.num_stages}"
@@ -209,7 +200,7 @@ def _cuda_broken(torch) -> bool:
 
 def search(case: Case, runner: Runner, tm, smoke: bool, pdl: bool, log) -> list[dict]:
     tol = 1e-2
-    base, ups, downs, grouped, persistent = candidates(case, tm, runner.quant, smoke, pdl)
+    base, ups, downs, grouped = candidates(case, tm, runner.quant, smoke, pdl)
     results, best = [], {}
 
     def run(stage, cfg):
@@ -230,10 +221,6 @@ def search(case: Case, runner: Runner, tm, smoke: bool, pdl: bool, log) -> list[
     gemv_cfg = best.get("down", (0, up_cfg))[1]
     if pdl:
         run("pdl", replace(gemv_cfg, pdl=not gemv_cfg.pdl))
-    for bn, bk, w, bn2 in persistent:
-        up = tm.KernelConfig(block_n=bn, block_k=min(bk, _pow2_at_least(case.K)), num_warps=w)
-        down = replace(base.down, block_n=bn2, num_warps=w)
-        run("persist", tm.MoEConfig("persistent", up, down, pdl=False, source="sweep"))
     if case.M >= 8 or smoke:
         for bm, bn, bk, st in grouped:
             kc = tm.KernelConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=st, block_m=bm)
