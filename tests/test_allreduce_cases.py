@@ -306,3 +306,12 @@ def test_run_case_skips_what_the_ranks_decline(monkeypatch):
     r = AllreduceRunner([case(backend="vllm_custom_ar")], launch=launch, fp=_fp(2))
     with pytest.raises(pytest.skip.Exception, match="no P2P"):
         bench.run_case(case(backend="vllm_custom_ar"), r, _Recorder())
+
+
+@pytest.mark.parametrize("tokens,mode,tol", [(1, "graph", C.LATENCY_REL_TOL_DECODE), (1, "eager", C.LATENCY_REL_TOL_DECODE_EAGER),
+                                             (64, "eager", C.LATENCY_REL_TOL_DECODE_EAGER),
+                                             (4096, "eager", C.LATENCY_REL_TOL_PREFILL),
+                                             (4096, "graph", C.LATENCY_REL_TOL_PREFILL)])
+def test_latency_tolerance_by_size_and_mode(tokens, mode, tol):
+    """Decode sizes (<= 1 MiB) gate loosely, eager ones loosest (host-bound); prefill sizes tightly."""
+    assert C.latency_rel_tol(case(tokens=tokens, mode=mode)) == tol

@@ -55,14 +55,21 @@ WARMUP_ROUNDS = 3
 # Gate tolerances, from two runs of the same code on two H200s (NVLink) a few minutes apart: decode-size
 # messages (<= 1 MiB) moved -30%..+41% between runs (each run's own spread 5-40%), prefill sizes +6..+11%.
 # Each spawned process group sets NCCL up anew (channels, protocol choice), which small messages feel.
+# Eager decode sizes are host-bound (K launches from each rank's Python loop inside the timed region):
+# a second pair of runs on another H200 host (2026-11-30) moved NCCL eager 28-458 KB by +39..+98%
+# (27 -> 53 us at 28 KB) while graph mode, the way engines run them, stayed inside -19..+38%.
 DECODE_SIZE_BYTES = 1 << 20
 LATENCY_REL_TOL_DECODE = 0.50
+LATENCY_REL_TOL_DECODE_EAGER = 1.00
 LATENCY_REL_TOL_PREFILL = 0.15
 
 
 def latency_rel_tol(case: "AllreduceCase") -> float:
-    """The stored tolerance for a case's latency: looser for decode sizes (see above)."""
-    return LATENCY_REL_TOL_DECODE if case.nbytes <= DECODE_SIZE_BYTES else LATENCY_REL_TOL_PREFILL
+    """The stored tolerance for a case's latency: looser for decode sizes, loosest for eager ones
+    (see above)."""
+    if case.nbytes > DECODE_SIZE_BYTES:
+        return LATENCY_REL_TOL_PREFILL
+    return LATENCY_REL_TOL_DECODE_EAGER if case.mode == "eager" else LATENCY_REL_TOL_DECODE
 PATTERN = "v[i] = ((7*i + 3*rank) % 13) + 1, exact sums; result compared element by element"
 
 
