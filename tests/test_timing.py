@@ -92,7 +92,6 @@ def test_cpu_timer_returns_one_sample_per_round_of_the_calls():
     assert counts == [2 + 4] * 3, "each call runs once per warm-up round and once per sample"
 
 
-
 class _FakeCuda:
     """Records the order of stream operations event_time issues; 1 ms between the marks."""
 

@@ -70,6 +70,8 @@ def latency_rel_tol(case: "AllreduceCase") -> float:
     if case.nbytes > DECODE_SIZE_BYTES:
         return LATENCY_REL_TOL_PREFILL
     return LATENCY_REL_TOL_DECODE_EAGER if case.mode == "eager" else LATENCY_REL_TOL_DECODE
+
+
 PATTERN = "v[i] = ((7*i + 3*rank) % 13) + 1, exact sums; result compared element by element"
 
 
