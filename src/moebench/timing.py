@@ -81,9 +81,9 @@ def event_time(torch, fn, *, head_start: bool = False) -> float:
 
     head_start: hold the stream busy (torch.cuda._sleep) before the start mark, so the host has
     enqueued fn's work by the time the mark fires and the interval is GPU time only. Without it the
-    host's launch latency after the mark is counted too: on an H200 host busy with other work, a graph
-    replay's launch added 2-12% to 45-90 us kernels and up to 2x to 5 us allreduces (2026-11-29 runs).
-    Eager timings keep the launch cost on purpose and do not use it."""
+    host's launch of a graph replay after the mark is counted too, and that varies with how busy the
+    host is (another phase on the other GPU, the other rank's process). Eager timings keep the launch
+    cost on purpose and do not use it."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     if head_start and hasattr(torch.cuda, "_sleep"):
         torch.cuda._sleep(HEAD_START_CYCLES)
