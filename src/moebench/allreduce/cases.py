@@ -56,8 +56,8 @@ WARMUP_ROUNDS = 3
 # messages (<= 1 MiB) moved -30%..+41% between runs (each run's own spread 5-40%), prefill sizes +6..+11%.
 # Each spawned process group sets NCCL up anew (channels, protocol choice), which small messages feel.
 # Eager decode sizes are host-bound (K launches from each rank's Python loop inside the timed region):
-# a second pair of runs on another H200 host (2026-11-30) moved NCCL eager 28-458 KB by +39..+98%
-# (27 -> 53 us at 28 KB) while graph mode, the way engines run them, stayed inside -19..+38%.
+# a second pair of runs on another H200 host (2026-11-30) moved NCCL eager decode sizes by +10..+98%
+# (27 -> 53 us at 28 KB) while graph mode, the way engines run them, stayed inside -21..+38%.
 DECODE_SIZE_BYTES = 1 << 20
 LATENCY_REL_TOL_DECODE = 0.50
 LATENCY_REL_TOL_DECODE_EAGER = 1.00
