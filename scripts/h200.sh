@@ -5,10 +5,12 @@
 #
 #   bash scripts/h200.sh PHASE [GPU] [PASS]
 #     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | gemm | decode | allreduce |
-#            allreduce-car
+#            allreduce-car | profile
 #            gemm: records the Triton fused MoE issue's one run, -m "gemm and (triton or vllm_triton or
 #            vllm_marlin)", then compares all of -m gemm (torch backends against their stored entries).
 #            allreduce-car: records vllm_custom_ar only, then compares all of -m allreduce.
+#            profile: nsys trace of the Kimi-K2.5 M=1 bf16 fused MoE graph replays (kernel starts,
+#            durations, gaps) as CSV; written in session 2, not yet run on a GPU.
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
 #            the scratch folder /tmp/moebench-FAMILY stays on the machine while it is held; `compare`
@@ -67,6 +69,11 @@ case $phase in
   gemm) apply_sweep; run_split "gemm and (triton or vllm_triton or vllm_marlin)" gemm ;;
   decode) run -m decode ${DECODE_ARGS:-} ;;
   allreduce) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run -m allreduce ;;
+  profile) apply_sweep
+    nsys profile --cuda-graph-trace=node -f true -o "$work/m1" \
+      python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 >"$work/profile.log" 2>&1
+    nsys stats -f csv -r cuda_gpu_trace -o "$work/m1" "$work/m1.nsys-rep" >>"$work/profile.log" 2>&1
+    tail -n 8 "$work/profile.log"; cp "$work"/m1*.csv "$OUT/" 2>/dev/null ;;
   allreduce-car) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run_split "allreduce and vllm_custom_ar" allreduce ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

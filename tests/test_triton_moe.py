@@ -303,3 +303,16 @@ def test_sweep_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert data["cases"] and all(c["results"] for c in data["cases"])
     assert any(r["status"] == "ok" for c in data["cases"] for r in c["results"])
+
+
+def test_profile_smoke():
+    """The profiling entry point checks and times one case end to end on CPU (interpreter), and
+    rejects a configuration that is not a MoEConfig with a one-line error."""
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SRC))
+    run = lambda *a: subprocess.run([sys.executable, "-m", f"{PKG}.profile", "--smoke", *a], env=env,  # noqa: E731
+                                    capture_output=True, text=True, timeout=300)
+    ok = run()
+    assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
+    assert "checked (rel err" in ok.stdout and "us per call" in ok.stdout
+    bad = run("--config", '{"path": "gemv"}')
+    assert bad.returncode == 2 and "--config is not a MoEConfig" in bad.stderr
