@@ -57,6 +57,18 @@ def _workload(shape_case: GemmCase, device: str):
     return Workload(shape_case, device)
 
 
+def _release_cached_blocks() -> None:
+    """Hand the caching allocator's free blocks back to the driver before a case builds, so every case
+    allocates from the same state whatever ran before it in the process (a case's time must not depend
+    on the selection it runs in; session 2 saw one case read 8% slower inside the full selection)."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 def test_gemm(case: GemmCase, moebench, request):
     from moebench.gemm import runner
 
@@ -68,6 +80,8 @@ def test_gemm(case: GemmCase, moebench, request):
     if device == "cpu" and case.model != "tiny" and "full" not in marker_names_in(request.config.getoption("markexpr") or ""):
         pytest.skip(f"{case.model} weights are GBs: on a CPU box only the tiny preset runs by default (-m full runs it)")
     moebench.progress(f"{case.key}: building")
+    if device == "cuda":
+        _release_cached_blocks()
     wl = _workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device)
     built = backend.build(case, wl)
     # Correct first: a fast wrong kernel is a regression.

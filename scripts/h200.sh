@@ -5,12 +5,15 @@
 #
 #   bash scripts/h200.sh PHASE [GPU] [PASS]
 #     PHASE  selfcheck | sweep | gemm-torch | gemm-triton | gemm-vllm | gemm | decode | allreduce |
-#            allreduce-car | profile
+#            allreduce-car | profile | order-probe
 #            gemm: records the Triton fused MoE issue's one run, -m "gemm and (triton or vllm_triton or
-#            vllm_marlin)", then compares all of -m gemm (torch backends against their stored entries).
+#            vllm_marlin)", then the torch backends, then compares all of -m gemm against both.
 #            allreduce-car: records vllm_custom_ar only, then compares all of -m allreduce.
-#            profile: nsys trace of the Kimi-K2.5 M=1 bf16 fused MoE graph replays (kernel starts,
-#            durations, gaps) as CSV; written in session 2, not yet run on a GPU.
+#            sweep: SWEEP_ARGS narrows it (e.g. "--dtypes bf16 --ms 1,2,4").
+#            profile: Nsight Compute per-kernel time, DRAM bytes / throughput and L2 reduction sectors of
+#            the Kimi-K2.5 M=1 bf16 fused MoE (ncu serializes kernels: compare their sum with the graph
+#            time for the boundaries); PROFILE_ARGS go to the profile module (e.g. --config JSON).
+#            order-probe: scripts/order_probe.py (does a case's time depend on what ran before it).
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
 #            the scratch folder /tmp/moebench-FAMILY stays on the machine while it is held; `compare`
@@ -37,10 +40,11 @@ work=/tmp/moebench-${phase%%-*}
 [ -d "$work/bl" ] || { mkdir -p "$work/bl" && cp -r baselines/. "$work/bl/"; }
 quiet='^(test_|---|Name |Legend|  Outliers|  OPS|$)'
 
-record() {
+record() {  # REC names the record's files (default run1)
+  local rec=${REC:-run1}
   python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
-    --baseline-update --results-json "$work/$phase-run1.json" "$@" >"$work/$phase-run1.log" 2>&1
-  echo "== $phase record: $(tail -n 1 "$work/$phase-run1.log")"
+    --baseline-update --results-json "$work/$phase-$rec.json" "$@" >"$work/$phase-$rec.log" 2>&1
+  echo "== $phase record $rec: $(tail -n 1 "$work/$phase-$rec.log")"
 }
 compare() {
   python3 -m pytest benchmarks/ -p no:cacheprovider -q -rfEs --benchmark-disable --baseline-dir "$work/bl" \
@@ -61,19 +65,29 @@ apply_sweep() {
 
 case $phase in
   selfcheck) run -m selfcheck ;;
-  sweep) python3 -m moebench.gemm.triton_moe.sweep --out "$work/sweep.json" >"$work/sweep.log" 2>&1
+  sweep) python3 -m moebench.gemm.triton_moe.sweep --out "$work/sweep.json" ${SWEEP_ARGS:-} >"$work/sweep.log" 2>&1
          echo "== sweep: $(tail -n 3 "$work/sweep.log")"; cp "$work/sweep.json" "$work/sweep.log" "$OUT/" ;;
   gemm-torch) run -m "gemm and (torch_loop or torch_bmm or torch_grouped_mm)" ;;
   gemm-triton) apply_sweep; run -m "gemm and triton" ;;
   gemm-vllm) run -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" ;;
-  gemm) apply_sweep; run_split "gemm and (triton or vllm_triton or vllm_marlin)" gemm ;;
+  gemm) apply_sweep
+    # the Triton fused-MoE issue's one run, then the torch backends on this machine, then all of -m gemm
+    if [ "$pass" != compare ]; then
+      record -m "gemm and (triton or vllm_triton or vllm_marlin)"
+      REC=run1-torch record -m "gemm and (torch_loop or torch_bmm or torch_grouped_mm)"
+    fi
+    [ "$pass" = record ] || compare -m gemm ;;
   decode) run -m decode ${DECODE_ARGS:-} ;;
   allreduce) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run -m allreduce ;;
-  profile) apply_sweep
-    nsys profile --cuda-graph-trace=node -f true -o "$work/m1" \
-      python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 >"$work/profile.log" 2>&1
-    nsys stats -f csv -r cuda_gpu_trace -o "$work/m1" "$work/m1.nsys-rep" >>"$work/profile.log" 2>&1
-    tail -n 8 "$work/profile.log"; cp "$work"/m1*.csv "$OUT/" 2>/dev/null ;;
+  profile) apply_sweep; tag=${PROFILE_TAG:-m1}
+    # graph timing first (no profiler), then the kernels one by one under ncu (clocks left alone)
+    python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 ${PROFILE_ARGS:-} >"$work/$tag.log" 2>&1
+    timeout 240 ncu --clock-control none --graph-profiling node -k regex:moe_ --csv --metrics \
+      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+      python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 --rotations 4 --replays 2 ${PROFILE_ARGS:-} \
+      >"$work/$tag-ncu.csv" 2>>"$work/$tag.log"
+    tail -n 4 "$work/$tag.log"; cp "$work/$tag.log" "$work/$tag-ncu.csv" "$OUT/" 2>/dev/null ;;
+  order-probe) python3 scripts/order_probe.py 2>&1 | tee "$work/order-probe.log" | tail -n 8 ;;
   allreduce-car) nvidia-smi topo -m >"$work/topology.txt" 2>&1; run_split "allreduce and vllm_custom_ar" allreduce ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     pdl = device.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
     try:
         cfg = (tm.MoEConfig.from_dict(json.loads(args.config)) if args.config else
-               tm.config_for(case.M, case.K, case.I, case.E, case.topk, weights.quant, pdl=pdl))
+               tm.config_for(case.M, case.K, case.I, case.E, case.topk, weights.quant, pdl=pdl,
+                             onepass=weights.w2_t is not None))
     except (ValueError, KeyError, TypeError) as e:
         print(f"profile: --config is not a MoEConfig ({type(e).__name__}: {e})", file=sys.stderr)
         return 2
