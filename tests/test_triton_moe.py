@@ -103,35 +103,6 @@ def _fused_err(M, K, I, topk, cfg, seed=0, ids=None):
     return rel_err(out, tm.fused_moe_ref(x, w1, w2, tw, ids))
 
 
-def _onepass_err(M, K, I, topk, bn, bk, calls=2, seed=0, ids=None):
-    """Worst error over `calls` back-to-back calls: the workspace must come back zeroed every time."""
-    x, w1, w2, tw, rand_ids = make_moe(M, K, I, topk, seed)
-    ids = rand_ids if ids is None else ids
-    cfg = tm.MoEConfig("onepass", tm.KernelConfig(block_n=bn, block_k=bk), tm.KernelConfig(block_n=1, block_k=64))
-    ref = tm.fused_moe_ref(x, w1, w2, tw, ids)
-    w2_t = tm.transpose_down(w2)
-    errs = []
-    for _ in range(calls):
-        out = tm.fused_moe(x, w1, w2, tw, ids, config=cfg, w2_t=w2_t)
-        assert out.shape == (M, K) and out.dtype == torch.bfloat16
-        errs.append(rel_err(out, ref))
-    return max(errs)
-
-
-def _onepass_rejects():
-    """Wrong w2_t layout and a missing w2_t are one-line errors, not wrong results."""
-    x, w1, w2, tw, ids = make_moe(1, 64, 16, 2)
-    cfg = tm.MoEConfig("onepass", tm.KernelConfig(block_n=1, block_k=64), tm.KernelConfig(block_n=1, block_k=64))
-    msgs = []
-    for w2_t in (None, w2):  # w2 itself is [E, K, I], not [E, I, K]
-        try:
-            tm.fused_moe(x, w1, w2, tw, ids, config=cfg, w2_t=w2_t)
-            msgs.append("accepted")
-        except ValueError as e:
-            msgs.append(str(e))
-    return msgs
-
-
 def _grouped_gemm_err(op, path, quant_kind=None, group=0):
     M, topk, K, N = 3, 4, 256, 48
     g = torch.Generator().manual_seed(7)
@@ -184,26 +155,6 @@ def test_fused_same_expert_many_rows(interp, cfg):
     """Every token routed to experts 2 and 5: rows of one expert share weight tiles / blocks."""
     ids = torch.tensor([[2, 5]] * 5, dtype=torch.int32)
     assert interp(_fused_err, 5, 64, 32, 2, cfg, 4, ids) < BF16_TOL
-
-
-@pytest.mark.parametrize("M,K,I,topk,bn,bk", [(1, 128, 32, 4, 1, 64), (3, 160, 32, 2, 2, 64), (2, 128, 16, 3, 4, 32)],
-                         ids=["m1", "m3-k-tail", "m2-topk3"])
-def test_fused_onepass(interp, M, K, I, topk, bn, bk):
-    """The one-launch path against the reference, twice in a row (its float32 workspace and counters
-    must be left zeroed): M = 1 and 3, a K tail chunk, topk padded to a power of two."""
-    assert interp(_onepass_err, M, K, I, topk, bn, bk) < BF16_TOL
-
-
-def test_fused_onepass_shared_expert(interp):
-    """Every token on experts 2 and 5 (the programs of one token only add into that token's row)."""
-    ids = torch.tensor([[2, 5]] * 4, dtype=torch.int32)
-    assert interp(_onepass_err, 4, 64, 32, 2, 2, 32, 2, 4, ids) < BF16_TOL
-
-
-def test_fused_onepass_rejects_bad_layout(interp):
-    missing, wrong = interp(_onepass_rejects)
-    assert "needs w2_t" in missing
-    assert "w2_t must be" in wrong and "[E, I, K]" in wrong
 
 
 @pytest.mark.parametrize("op", ["gemm1", "gemm2"])
@@ -320,32 +271,9 @@ def test_config_for_real_shapes():
                     assert kc.block_k % group == 0
     assert not tm.config_for(1, 7168, 256, 384, 8, None).pdl
     assert tm.config_for(1, 7168, 256, 384, 8, None, pdl=True).pdl
-    # a onepass winner is only handed to callers that have the transposed down weights
-    for M in (1, 2, 4, 8):
-        assert tm.config_for(M, 7168, 256, 384, 8, None).path != "onepass"
 
 
-def test_config_for_onepass_key(monkeypatch):
-    """config_for(onepass=True) prefers the table's fused_onepass entry, else the plain one;
-    apply_sweep.merge drops an entry the sweep reports as lost (None)."""
-    from moebench.gemm.triton_moe import apply_sweep, config as cfgmod
-
-    onep = {"path": "onepass", "up": {"block_n": 1, "block_k": 1024, "num_warps": 4},
-            "down": {"block_n": 1, "block_k": 64, "num_warps": 4}, "atomics": "v4"}
-    plain = tm.config_for(1, 7168, 256, 384, 8, None).as_dict()
-    table = {cfgmod.table_key("fused_onepass", 1, 7168, 256, 384, 8, "bf16"): onep,
-             cfgmod.table_key("fused", 1, 7168, 256, 384, 8, "bf16"): plain}
-    monkeypatch.setattr(cfgmod, "_TABLE", table)
-    got = tm.config_for(1, 7168, 256, 384, 8, None, onepass=True)
-    assert got.path == "onepass" and got.atomics == "v4" and got.source == "table"
-    assert tm.config_for(1, 7168, 256, 384, 8, None).path == plain["path"]
-    assert tm.config_for(2, 7168, 256, 384, 8, None, onepass=True).path != "onepass"
-    key = cfgmod.table_key("fused_onepass", 1, 7168, 256, 384, 8, "bf16")
-    merged, changed = apply_sweep.merge(table, {"table": {key: None}})
-    assert key not in merged and changed == 1
-
-
-@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32", "onepass_n1_k1024_w4_v4"])
+@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)
     without spills, with 16-byte weight or activation loads, and bf16 without any shared-memory

@@ -43,35 +43,24 @@ def build(case: GemmCase, wl) -> Built:
         data = [p[0] for p in packed]
         gs = tuple(p[2] for p in packed) if kind == "nvfp4_w4a16" else ()
         quant = triton_moe.Quant(kind, group, tuple(p[1] for p in packed), gs)
-    # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
-    info = {"impl": "moebench.gemm.triton_moe", "op": op}
-    w2_t = None
-    if op == "fused":
-        from moebench.gemm.triton_moe.api import _pdl_capable
-
-        cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
-                                    pdl=_pdl_capable(wl.x[0].device), onepass=quant is None)
-        if cfg.path == "onepass":
-            # The one-launch kernel reads the down weights as [E, I, K]: repacked once here (like
-            # Marlin's repack), so a call reads the same bytes as with w2.
-            key = ("triton", "w2_t", "bf16")
-            if key not in wl.weights.quantized:
-                wl.weights.quantized[key] = triton_moe.transpose_down(data[1])
-            w2_t = wl.weights.quantized[key]
-            info["w2_layout"] = "[E, I, K]: transposed once at build for the onepass kernel"
-    else:
-        n, k = (wl.K, wl.I) if op == "gemm2" else (data[0].shape[1], wl.K)
-        cfg = triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if op == "gemm2" else "gemm1")
     calls = []
     for r in range(wl.R):
         x, ids, w = wl.x[r], wl.topk_ids[r], wl.topk_weights[r]
         if op == "fused":
-            calls.append(lambda x=x, ids=ids, w=w: triton_moe.fused_moe(x, data[0], data[1], w, ids, quant=quant,
-                                                                        w2_t=w2_t))
+            calls.append(lambda x=x, ids=ids, w=w: triton_moe.fused_moe(x, data[0], data[1], w, ids, quant=quant))
         else:
             gop = "gemm2" if op == "gemm2" else "gemm1"
             calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
-    return Built(calls, [], {**info, "config": cfg.as_dict()})
+    # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
+    if op == "fused":
+        from moebench.gemm.triton_moe.api import _pdl_capable
+
+        cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
+                                    pdl=_pdl_capable(wl.x[0].device))
+    else:
+        n, k = (wl.K, wl.I) if op == "gemm2" else (data[0].shape[1], wl.K)
+        cfg = triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if op == "gemm2" else "gemm1")
+    return Built(calls, [], {"impl": "moebench.gemm.triton_moe", "op": op, "config": cfg.as_dict()})
 
 
 triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), frozenset(

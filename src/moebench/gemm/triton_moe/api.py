@@ -16,7 +16,6 @@ from .act_quant import fp8_act_quant
 from .config import KernelConfig, MoEConfig, config_for
 from .gemv import moe_gemv_kernel
 from .grouped import moe_grouped_kernel, moe_sum_kernel
-from .onepass import ADD_SCALAR, ADD_V4, moe_onepass_kernel
 from .quant import Quant
 from .routing import align_by_expert
 
@@ -133,60 +132,6 @@ def _grouped(a: _Act, w: _Weight, sorted_pairs, block_expert, tw, out, *, num_pa
         num_warps=kc.num_warps, num_stages=kc.num_stages)
 
 
-# Output columns per completion counter of the onepass path (see onepass.py): small enough that the
-# last program's conversion work is spread, large enough that the counters are few (112 at K = 7168).
-ONEPASS_CHUNK = 64
-_ONEPASS_WORKSPACES: dict = {}
-
-
-def transpose_down(w2: torch.Tensor) -> torch.Tensor:
-    """The onepass path's down weights: w2 [E, K, I] -> w2_t [E, I, K], contiguous (a one-time repack at
-    load; the bytes read per call are the same)."""
-    if w2.dim() != 3:
-        raise ValueError(f"w2 must be [E, K, I], got {tuple(w2.shape)}")
-    return w2.transpose(1, 2).contiguous()
-
-
-def _onepass_workspace(device: torch.device, M: int, K: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(float32 [M, K] accumulator, int32 [M, NCHUNK_P] counters, NCHUNK_P), zero-filled once and left
-    zeroed by every call; one per device and shape, so one call at a time may use it."""
-    nchunk_p = triton.next_power_of_2(triton.cdiv(K, ONEPASS_CHUNK))
-    key = (str(device), M, K)
-    ws = _ONEPASS_WORKSPACES.get(key)
-    if ws is None:
-        ws = (torch.zeros((M, K), dtype=torch.float32, device=device),
-              torch.zeros((M, nchunk_p), dtype=torch.int32, device=device), nchunk_p)
-        _ONEPASS_WORKSPACES[key] = ws
-    return ws
-
-
-def _onepass(x, w1: _Weight, w2_t: torch.Tensor, ids, tw, out, *, M, K, I, topk, cfg: MoEConfig):
-    kc = cfg.up
-    if w1.mode != tiles.W_BF16.value:
-        raise ValueError("the onepass path takes bf16 weights only")
-    if w2_t.shape != (w1.E, I, K) or w2_t.dtype != w1.data.dtype or w2_t.stride(2) != 1:
-        raise ValueError(f"w2_t must be {w1.data.dtype} [E, I, K] = {(w1.E, I, K)} with unit stride along K "
-                         f"(transpose_down(w2)), got {w2_t.dtype} {tuple(w2_t.shape)}")
-    if kc.block_n < 1 or kc.block_n & (kc.block_n - 1) or kc.block_k < 8 or kc.block_k & (kc.block_k - 1):
-        raise ValueError(f"onepass tiles must be powers of two (block_k >= 8), got block_n={kc.block_n}, "
-                         f"block_k={kc.block_k}")
-    interp = x.device.type != "cuda"
-    atomics = ADD_SCALAR if interp or cfg.atomics == "scalar" else ADD_V4
-    if atomics == ADD_V4 and (kc.block_k % (256 * kc.num_warps) or K % kc.block_k):
-        # one thread per element: Triton spreads warps over the slots unless block_k covers them all
-        raise ValueError(f"atomics='v4' needs block_k a multiple of 256 * num_warps and of K; got block_k="
-                         f"{kc.block_k}, num_warps={kc.num_warps}, K={K}")
-    acc, cnt, nchunk_p = _onepass_workspace(x.device, M, K)
-    if x.stride(1) != 1:
-        x = x.contiguous()
-    moe_onepass_kernel[(M, triton.cdiv(I, kc.block_n))](
-        x, w1.data, w2_t, ids, tw, acc, cnt, out,
-        x.stride(0), w1.data.stride(0), w1.data.stride(1), w2_t.stride(0), w2_t.stride(1), out.stride(0),
-        K=K, I=I, TOPK=topk, TOPK_P=triton.next_power_of_2(topk), BLOCK_N=kc.block_n, BLOCK_K=kc.block_k,
-        CHUNK=ONEPASS_CHUNK, NCHUNK_P=nchunk_p, ATOMICS=atomics, FENCE=not interp,
-        num_warps=kc.num_warps, num_stages=1)
-
-
 def _routing(topk_ids, topk_weights):
     ids = topk_ids.reshape(-1)
     if ids.dtype != torch.int32:
@@ -196,8 +141,7 @@ def _routing(topk_ids, topk_weights):
 
 
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
-              topk_ids: torch.Tensor, *, quant: Quant | None = None, config: MoEConfig | None = None,
-              w2_t: torch.Tensor | None = None) -> torch.Tensor:
+              topk_ids: torch.Tensor, *, quant: Quant | None = None, config: MoEConfig | None = None) -> torch.Tensor:
     """Fused MoE forward, vLLM fused_experts semantics with SiLU-and-mul:
 
         out[m] = sum_j topk_weights[m, j] * (silu(x[m] @ g_e.T) * (x[m] @ u_e.T)) @ w2[e].T,
@@ -206,9 +150,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     x: [M, K] bf16. w1: [E, 2I, K], w2: [E, K, I] (bf16, or the packed format of `quant`).
     topk_weights: float32 [M, topk]. topk_ids: int32 [M, topk]. quant: a Quant with
     scales (w1_scale, w2_scale), or None for bf16. config: a MoEConfig, default config_for(...).
-    w2_t: optional bf16 [E, I, K] copy of w2 (transpose_down(w2)); with it, the table's "onepass"
-    configs (one launch, see onepass.py) may be chosen. Returns [M, K] in x's dtype. CUDA-graph
-    capturable; two launches on the decode path (one on the onepass path; plus two
+    Returns [M, K] in x's dtype. CUDA-graph capturable; two launches on the decode path (plus two
     activation-quantization launches for fp8_w8a8).
     """
     M, K = x.shape
@@ -217,17 +159,11 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     I = wu.N // 2
     if wu.K != K or wd.N != K or wd.K != I or wd.E != wu.E:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
-    cfg = config or config_for(M, K, I, wu.E, topk, quant, op="fused", pdl=_pdl_capable(x.device),
-                               onepass=w2_t is not None)
+    cfg = config or config_for(M, K, I, wu.E, topk, quant, op="fused", pdl=_pdl_capable(x.device))
     ids, tw = _routing(topk_ids, topk_weights)
     P = M * topk
-    out = torch.empty((M, K), dtype=x.dtype, device=x.device)
-    if cfg.path == "onepass":
-        if w2_t is None:
-            raise ValueError("config path 'onepass' needs w2_t (transpose_down(w2))")
-        _onepass(x, wu, w2_t, ids, tw, out, M=M, K=K, I=I, topk=topk, cfg=cfg)
-        return out
     h = torch.empty((P, I), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, K), dtype=x.dtype, device=x.device)
     if cfg.path == "gemv":
         _gemv(_act(x, quant), wu, ids, tw, h, rows=P, N=I, K=K, up_rows=I, slots=1, a_div=topk,
               weighted=False, kc=cfg.up, pdl_trigger=cfg.pdl)

@@ -24,9 +24,7 @@ def merge(table: dict, sweep: dict) -> tuple[dict, int]:
     out = dict(table)
     changed = 0
     for key, cfg in sweep.get("table", {}).items():
-        if cfg is None:  # the sweep measured this key's kind of config and it lost: drop an older winner
-            changed += out.pop(key, None) is not None
-        elif out.get(key) != cfg:
+        if out.get(key) != cfg:
             out[key] = cfg
             changed += 1
     record = {"device": sweep.get("device"), "torch": sweep.get("torch"), "triton": sweep.get("triton"),

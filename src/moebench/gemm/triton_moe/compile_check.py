@@ -22,8 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import act_quant, gemv, grouped, onepass
-from .config import ONEPASS_CANDIDATES
+from . import act_quant, gemv, grouped
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real
@@ -79,13 +78,6 @@ def specs() -> list[Spec]:
             num_stages=3))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
-    # onepass (bf16 only): the sweep's candidates, block_n / block_k / warps / atomics
-    op_ptrs = dict(x_ptr="*bf16", w1_ptr="*bf16", w2t_ptr="*bf16", ids_ptr="*i32", tw_ptr="*fp32",
-                   acc_ptr="*fp32", cnt_ptr="*i32", out_ptr="*bf16")
-    for bn, bk, w, atomics in ONEPASS_CANDIDATES:
-        out.append(Spec(f"onepass_n{bn}_k{bk}_w{w}_{atomics}", onepass.moe_onepass_kernel, op_ptrs, dict(
-            K=7168, I=256, TOPK=8, TOPK_P=8, BLOCK_N=bn, BLOCK_K=bk, CHUNK=64, NCHUNK_P=128,
-            ATOMICS=1 if atomics == "v4" else 0, FENCE=True), num_warps=w))
     for g in (0, 128):
         out.append(Spec(f"fp8_act_quant_g{g}", act_quant._fp8_act_quant_kernel,
                         dict(x_ptr="*bf16", q_ptr="*fp8e4nv", s_ptr="*fp32"),

@@ -15,10 +15,6 @@ import triton
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 GEMV_MAX_M = 16  # heuristic path switch until the sweep says otherwise
-# (block_n, block_k, num_warps, atomics) the sweep tries for the onepass kernel; "v4" needs
-# block_k % (256 * num_warps) == 0 (one thread per output element), the others fit ~200 registers
-ONEPASS_CANDIDATES = ((1, 1024, 4, "v4"), (1, 1024, 4, "scalar"), (1, 2048, 8, "v4"), (2, 1024, 8, "scalar"),
-                      (2, 512, 4, "scalar"), (4, 512, 8, "scalar"))
 
 
 @dataclass(frozen=True)
@@ -35,17 +31,15 @@ class KernelConfig:
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """path: "gemv", "grouped" or "onepass" (bf16, one launch, needs transposed down weights; its
-    kernel's tiles are `up`). pdl: launch the down kernel with programmatic dependent launch (Hopper+),
-    so it starts streaming w2 while the up kernel finishes. atomics (onepass): "v4" (16-byte vector
-    reductions, GPU only) or "scalar". source: where it came from ("table", "heuristic" or "user")."""
+    """path: "gemv" or "grouped". pdl: launch the down kernel with programmatic dependent launch
+    (Hopper+), so it starts streaming w2 while the up kernel finishes. source: where it came from
+    ("table", "heuristic" or "user")."""
 
     path: str
     up: KernelConfig
     down: KernelConfig
     pdl: bool = False
     source: str = "user"
-    atomics: str = "scalar"
 
     def as_dict(self) -> dict:
         """Plain-JSON record of the configuration."""
@@ -54,8 +48,7 @@ class MoEConfig:
     @staticmethod
     def from_dict(d: dict) -> "MoEConfig":
         return MoEConfig(path=d["path"], up=KernelConfig(**d["up"]), down=KernelConfig(**d["down"]),
-                         pdl=bool(d.get("pdl", False)), source=d.get("source", "user"),
-                         atomics=d.get("atomics", "scalar"))
+                         pdl=bool(d.get("pdl", False)), source=d.get("source", "user"))
 
 
 def m_bucket(M: int) -> int:
@@ -77,17 +70,15 @@ _TABLE = _load_table()
 
 
 def config_for(M: int, K: int, N: int, E: int, topk: int, quant=None, *, op: str = "fused",
-               pdl: bool = False, onepass: bool = False) -> MoEConfig:
+               pdl: bool = False) -> MoEConfig:
     """Configuration for one call.
 
     op: "fused" (K = hidden size, N = intermediate size I), "gemm1" or "gemm2" (grouped_gemm: the
     weight is [E, N, K]). quant: a Quant or None (bf16). pdl: allow programmatic dependent launch
-    (pass True on Hopper or newer GPUs; the fused path uses it). onepass: the caller has transposed
-    down weights, so a measured "onepass" winner (table key op "fused_onepass") may be returned.
+    (pass True on Hopper or newer GPUs; the fused path uses it).
     """
     qkey = quant.key if quant is not None else "bf16"
-    hit = _TABLE.get(table_key("fused_onepass", M, K, N, E, topk, qkey)) if onepass and op == "fused" else None
-    hit = hit or _TABLE.get(table_key(op, M, K, N, E, topk, qkey))
+    hit = _TABLE.get(table_key(op, M, K, N, E, topk, qkey))
     if hit is not None:
         cfg = replace(MoEConfig.from_dict(hit), source="table")
     else:

@@ -1,17 +1,16 @@
 """One fused-MoE case run the way the suite times it, for a profiler to look at where a call's time goes.
 
     python -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1          # GPU: check, then time
-    nsys profile --cuda-graph-trace=node -o m1 python -m moebench.gemm.triton_moe.profile --m 1
-    nsys stats -r cuda_gpu_trace m1.nsys-rep     # every kernel node of the replays: start, duration, gaps
-    ncu --graph-profiling node -k regex:moe_ --metrics gpu__time_duration.sum,dram__bytes_read.sum,\\
+    ncu --clock-control none --graph-profiling node -k regex:moe_ --metrics gpu__time_duration.sum,dram__bytes_read.sum,\\
         dram__throughput.avg.pct_of_peak_sustained_elapsed python -m moebench.gemm.triton_moe.profile --m 1 --replays 2
     python -m moebench.gemm.triton_moe.profile --smoke                          # CPU interpreter, tiny shapes
 
 It builds the sweep's weights and R routed inputs, checks the output against the float32 reference
 (exit 1 if wrong), captures the R calls with config_for's configuration (or --config, a MoEConfig as
 JSON) in one CUDA graph, replays it inside an NVTX range, and prints the per-call time and % of the
-4.3 TB/s floor. The kernels and the gaps between them are in the profiler's trace: this only makes them
-happen as the suite runs them (the Triton fused-MoE issue's M = 1 question: where do ~4 us go).
+4.3 TB/s floor. The kernels are in the profiler's report: this only makes them happen as the suite runs
+them (the Triton fused-MoE issue's M = 1 question: where do ~4 us go). Nsight Systems does not produce
+reports on the lent machines; ncu does (`scripts/h200.sh profile`).
 """
 
 from __future__ import annotations
@@ -59,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     pdl = device.type == "cuda" and torch.cuda.get_device_capability() >= (9, 0)
     try:
         cfg = (tm.MoEConfig.from_dict(json.loads(args.config)) if args.config else
-               tm.config_for(case.M, case.K, case.I, case.E, case.topk, weights.quant, pdl=pdl,
-                             onepass=weights.w2_t is not None))
+               tm.config_for(case.M, case.K, case.I, case.E, case.topk, weights.quant, pdl=pdl))
     except (ValueError, KeyError, TypeError) as e:
         print(f"profile: --config is not a MoEConfig ({type(e).__name__}: {e})", file=sys.stderr)
         return 2

@@ -24,10 +24,7 @@ import time
 import traceback
 from dataclasses import dataclass, replace
 
-from .config import ONEPASS_CANDIDATES
-
 HBM_BYTES_PER_S = 4.3e12  # H200, measured by a device copy
-ONEPASS_MAX_M = 4  # the onepass path adds M * K float32 atomics per I tile: a decode-M design
 MODELS = {
     "kimi-k2.5": dict(K=7168, I=256, E=384, topk=8),
     "deepseek-v3": dict(K=7168, I=256, E=256, topk=8),
@@ -63,10 +60,11 @@ def candidates(case: Case, tm, quant, smoke: bool, pdl: bool):
         downs = [(16, 4)]
         grouped = [(16, 32, 64, 1)]
     else:
-        bks = (512, 1024) if quant is None else (1024, 2048)
+        bks = (512, 1024, 2048) if quant is None else (1024, 2048)
+        warps = (4, 8, 16) if quant is None else (4, 8)
         # more than ~32 weight values per thread per chunk costs occupancy (150-250 registers)
-        ups = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in bks for w in (4, 8) if bn * bk <= 1024 * w]
-        downs = [(4, 4), (8, 4), (4, 8), (8, 8), (16, 8)]
+        ups = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in bks for w in warps if bn * bk <= 1024 * w]
+        downs = [(2, 4), (4, 4), (8, 4), (2, 8), (4, 8), (8, 8), (16, 8)]
         grouped = [(16, bn, bk, st) for bn in (64, 128) for bk in (64, 128) for st in (3, 4)]
     return base, ups, downs, grouped
 
@@ -79,11 +77,9 @@ class Weights:
         K, I, E = case.K, case.I, case.E
         w1 = (torch.randn(E, 2 * I, K, generator=g, device=device) / K ** 0.5).to(torch.bfloat16)
         w2 = (torch.randn(E, K, I, generator=g, device=device) / I ** 0.5).to(torch.bfloat16)
-        self.w2_t = None
         if case.dtype == "bf16":
             self.w1, self.w2, self.quant = w1, w2, None
             self.ref_w1, self.ref_w2 = w1, w2
-            self.w2_t = tm.transpose_down(w2)  # the onepass path's layout
         else:
             kind, group = case.dtype.split("-g")
             d1, d2, q = tm.quantize_moe(w1, w2, kind, int(group))
@@ -101,7 +97,6 @@ class Runner:
         self.case, self.tm, self.torch, self.device = case, tm, torch, device
         self.replays = replays
         self.w1, self.w2, self.quant = weights.w1, weights.w2, weights.quant
-        self.w2_t = weights.w2_t
         g = torch.Generator(device=device).manual_seed(1000 + case.M)
         self.inputs = []
         for _ in range(rotations):
@@ -129,7 +124,7 @@ class Runner:
 
     def call(self, r: int, cfg):
         x, tw, ids = self.inputs[r]
-        return self.tm.fused_moe(x, self.w1, self.w2, tw, ids, quant=self.quant, config=cfg, w2_t=self.w2_t)
+        return self.tm.fused_moe(x, self.w1, self.w2, tw, ids, quant=self.quant, config=cfg)
 
     def check(self, cfg) -> float:
         out = self.call(0, cfg).float()
@@ -171,8 +166,6 @@ class Runner:
 
 def describe(cfg) -> str:
     u, d = cfg.up, cfg.down
-    if cfg.path == "onepass":
-        return f"onepass n{u.block_n} k{u.block_k} w{u.num_warps} atomics={cfg.atomics}"
     if cfg.path == "gemv":
         return f"gemv up n{u.block_n} k{u.block_k} w{u.num_warps} | down n{d.block_n} k{d.block_k} w{d.num_warps} | pdl={int(cfg.pdl)}"
     return f"grouped m{u.block_m} n{u.block_n} k{u.block_k} w{u.num_warps} s{u.num_stages}"
@@ -233,30 +226,7 @@ def search(case: Case, runner: Runner, tm, smoke: bool, pdl: bool, log) -> list[
         for bm, bn, bk, st in grouped:
             kc = tm.KernelConfig(block_n=bn, block_k=bk, num_warps=4, num_stages=st, block_m=bm)
             run("grouped", tm.MoEConfig("grouped", kc, kc, source="sweep"))
-    if runner.w2_t is not None and (case.M <= ONEPASS_MAX_M or smoke):
-        for bn, bk, w, atomics in ([(1, 64, 4, "scalar")] if smoke else ONEPASS_CANDIDATES):
-            run("onepass", tm.MoEConfig("onepass", tm.KernelConfig(block_n=bn, block_k=bk, num_warps=w),
-                                        tm.KernelConfig(block_n=1, block_k=64, num_warps=w), atomics=atomics,
-                                        source="sweep"))
     return results
-
-
-def table_entries(case: Case, results: list[dict], table_key) -> dict:
-    """The case's winners in configs.json's format: key op "fused" holds the best config that needs
-    only w2 (what every caller can run); "fused_onepass" the onepass winner if it beat that, else None
-    (apply_sweep then drops an older entry)."""
-    ok = [r for r in results if r["status"] == "ok"]
-    plain = [r for r in ok if r["config"]["path"] != "onepass"]
-    onep = [r for r in ok if r["config"]["path"] == "onepass"]
-    out = {}
-    shape = (case.M, case.K, case.I, case.E, case.topk, case.dtype)
-    if plain:
-        out[table_key("fused", *shape)] = {**min(plain, key=lambda r: r["us"])["config"], "source": "table"}
-    if onep:
-        best = min(onep, key=lambda r: r["us"])
-        wins = not plain or best["us"] < min(r["us"] for r in plain)
-        out[table_key("fused_onepass", *shape)] = {**best["config"], "source": "table"} if wins else None
-    return out
 
 
 def _pow2_at_least(n: int) -> int:
@@ -348,7 +318,8 @@ def main(argv=None) -> int:
             if ok:
                 best = min(ok, key=lambda r: r["us"])
                 entry["best"] = best
-                report["table"].update(table_entries(case, results, table_key))
+                key = table_key("fused", case.M, case.K, case.I, case.E, case.topk, case.dtype)
+                report["table"][key] = {**best["config"], "source": "table"}
             report["cases"].append(entry)
             del runner
     except RuntimeError:
