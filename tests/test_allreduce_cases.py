@@ -315,3 +315,9 @@ def test_run_case_skips_what_the_ranks_decline(monkeypatch):
 def test_latency_tolerance_by_size_and_mode(tokens, mode, tol):
     """Decode sizes (<= 1 MiB) gate loosely, eager ones loosest (host-bound); prefill sizes tightly."""
     assert C.latency_rel_tol(case(tokens=tokens, mode=mode)) == tol
+
+
+@pytest.mark.parametrize("tokens,dtype", [(1, "bf16"), (64, "fp32")])
+def test_gloo_tolerance_is_its_own(tokens, dtype):
+    """gloo (CPU over loopback, host-noise bound) gates at its measured spread at every size."""
+    assert C.latency_rel_tol(case(backend="gloo", mode="eager", tokens=tokens, dtype=dtype)) == C.LATENCY_REL_TOL_GLOO

@@ -58,15 +58,21 @@ WARMUP_ROUNDS = 3
 # Eager decode sizes are host-bound (K launches from each rank's Python loop inside the timed region):
 # a second pair of runs on another H200 host (2026-11-30) moved NCCL eager decode sizes by +10..+98%
 # (27 -> 53 us at 28 KB) while graph mode, the way engines run them, stayed inside -21..+38%.
+# gloo runs on the host's CPU cores over loopback TCP, beside whatever else the box runs: on the H200
+# hosts its latency moved by up to +42% between runs (1 token, sessions 2-3) and +29.5% at 64 tokens fp32
+# (1049 -> 1358 us, session 3), whatever the size.
 DECODE_SIZE_BYTES = 1 << 20
+LATENCY_REL_TOL_GLOO = 0.50
 LATENCY_REL_TOL_DECODE = 0.50
 LATENCY_REL_TOL_DECODE_EAGER = 1.00
 LATENCY_REL_TOL_PREFILL = 0.15
 
 
 def latency_rel_tol(case: "AllreduceCase") -> float:
-    """The stored tolerance for a case's latency: looser for decode sizes, loosest for eager ones
-    (see above)."""
+    """The stored tolerance for a case's latency: looser for decode sizes, loosest for eager ones, and
+    gloo's (CPU) at its own measured spread (see above)."""
+    if case.backend == "gloo":
+        return LATENCY_REL_TOL_GLOO
     if case.nbytes > DECODE_SIZE_BYTES:
         return LATENCY_REL_TOL_PREFILL
     return LATENCY_REL_TOL_DECODE_EAGER if case.mode == "eager" else LATENCY_REL_TOL_DECODE

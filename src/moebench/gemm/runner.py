@@ -58,7 +58,8 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None) -> tuple[dict[st
     and % of the memory floor from this session's measured ceiling (bytes/s)."""
     info: dict = {}
     if wl.device == "cpu":
-        t = Metric.from_samples([s * 1e6 for s in cpu_timer(built.calls, CPU_RULE)], "us", "lower", rel_tol=0.15)
+        t = Metric.from_samples([s * 1e6 for s in cpu_timer(built.calls, CPU_RULE)], "us", "lower",
+                                rel_tol=built.rel_tol or 0.15)
         metrics = {"wall_us": t}
         info["l2"] = "CPU: wall clock, rotated inputs"
     else:
@@ -67,7 +68,7 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None) -> tuple[dict[st
                       f"({wl.union_experts_touched() * wl.weight_bytes_per_expert() / 1e6:.0f} MB) vs L2 "
                       f"{(l2_bytes or 0) / 1e6:.0f} MB" + ("; L2 flushed before every call" if flush else ""))
         t = Metric.from_samples([s * 1e6 for s in graph_timer(built.calls, GPU_RULE, flush_l2=flush)], "us", "lower",
-                                rel_tol=0.05)
+                                rel_tol=built.rel_tol or 0.05)
         # Eager time is host launch overhead (Python + driver) as much as GPU work, and on the lent
         # H200s it moved -45%..+75% between two runs of the same code while each run's own spread
         # read 1-3%: a gate on it would cry wolf. It is reported (and compared by `moebench compare`

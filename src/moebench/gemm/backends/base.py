@@ -18,11 +18,14 @@ class Built:
     out_buffers: preallocated outputs the calls write into (poisoned with NaN before the correctness
       check); empty for backends that allocate their output.
     info: what actually ran (kernel, config, library versions) for the results.
+    rel_tol: the gate tolerance of the primary time where this build's measured spread exceeds the
+      family's default (None: the default); the reason goes in info["gate"].
     """
 
     calls: list[Callable[[], object]]
     out_buffers: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    rel_tol: float | None = None
 
 
 @dataclass(frozen=True)

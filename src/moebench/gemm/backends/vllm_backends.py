@@ -59,6 +59,11 @@ _FUSED = frozenset({"fused"})
 # True runs those cases with the largest block vLLM's kernel accepts, recorded in Built.info["workaround"];
 # False lets vLLM's own choice run (and fail).
 WNA16_BLOCK_K_WORKAROUND = True
+# Those workaround cases' graph time depends on where their buffers land in GPU memory, not on the code:
+# the same case read 71.6-89.2 us across builds with identical inputs (sessions 2 and 3;
+# scripts/order_probe.py: 73.4-78.1 us within one process, moved by a rebuild or torch.cuda.empty_cache()),
+# while every other vllm_triton case repeated within 1%. They are gated at this tolerance, not 5%.
+WNA16_WORKAROUND_REL_TOL = 0.25
 _INT4_GROUP = {"int4-g32": 32, "int4-g128": 128}
 TRITON_DTYPES = frozenset({"bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128"})
 MARLIN_DTYPES = frozenset({"int4-g32", "int4-g128", "nvfp4"})
@@ -458,6 +463,10 @@ def build_vllm_triton(case: GemmCase, wl) -> Built:
         info["workaround"] = (f"vLLM's get_moe_wna16_block_config picks {vllm_choice} here, which its moe_wna16 CUDA "
                               f"kernel rejects for group {_INT4_GROUP[d]}; ran with override_config({fix}) instead")
     calls = _probe(calls, info)
+    if fix is not None:
+        info["gate"] = (f"graph_us gated at {WNA16_WORKAROUND_REL_TOL:.0%}: this workaround case's time moved "
+                        "71.6-89.2 us between builds of identical inputs (buffer placement)")
+        return Built(calls, [], info, rel_tol=WNA16_WORKAROUND_REL_TOL)
     return Built(calls, [], info)
 
 
