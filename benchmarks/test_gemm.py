@@ -58,9 +58,10 @@ def _workload(shape_case: GemmCase, device: str):
 
 
 def _release_cached_blocks() -> None:
-    """Hand the caching allocator's free blocks back to the driver before a case builds, so every case
-    allocates from the same state whatever ran before it in the process (a case's time must not depend
-    on the selection it runs in; session 2 saw one case read 8% slower inside the full selection)."""
+    """Hand the caching allocator's free blocks back to the driver before a case builds, so a case's
+    allocations do not depend on which cases ran before it in the process. (It does not pin the one case
+    seen to move with placement, vllm_triton's int4 M=1 workaround: that one reads 73-89 us whatever
+    the allocator state, scripts/order_probe.py, and gates wider. Costs ~1 min over the default selection.)"""
     import gc
 
     import torch
