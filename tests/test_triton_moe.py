@@ -316,3 +316,16 @@ def test_profile_smoke():
     assert "checked (rel err" in ok.stdout and "us per call" in ok.stdout
     bad = run("--config", '{"path": "gemv"}')
     assert bad.returncode == 2 and "--config is not a MoEConfig" in bad.stderr
+
+
+def test_apply_sweep_merge_records_only_changes():
+    """A sweep's winners overwrite the table's entries; the `_sweeps` history gains a record only when
+    something changed (re-applying the same sweep is a no-op)."""
+    from moebench.gemm.triton_moe import apply_sweep
+
+    cfg = tm.config_for(1, 7168, 256, 384, 8, None).as_dict()
+    sweep = {"device": "NVIDIA H200", "table": {"fused|7168|256|384|8|bf16|1": {**cfg, "source": "table"}}}
+    once, changed = apply_sweep.merge({"_sweeps": []}, sweep)
+    assert changed == 1 and len(once["_sweeps"]) == 1 and once["_sweeps"][0]["device"] == "NVIDIA H200"
+    twice, changed = apply_sweep.merge(once, sweep)
+    assert changed == 0 and twice["_sweeps"] == once["_sweeps"]

@@ -1,8 +1,9 @@
 """One fused-MoE case run the way the suite times it, for a profiler to look at where a call's time goes.
 
     python -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1          # GPU: check, then time
-    ncu --clock-control none --graph-profiling node -k regex:moe_ --metrics gpu__time_duration.sum,dram__bytes_read.sum,\\
-        dram__throughput.avg.pct_of_peak_sustained_elapsed python -m moebench.gemm.triton_moe.profile --m 1 --replays 2
+    ncu --clock-control none --graph-profiling node -k regex:moe_ \\
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed \\
+        python -m moebench.gemm.triton_moe.profile --m 1 --replays 2
     python -m moebench.gemm.triton_moe.profile --smoke                          # CPU interpreter, tiny shapes
 
 It builds the sweep's weights and R routed inputs, checks the output against the float32 reference
