@@ -57,19 +57,6 @@ def _workload(shape_case: GemmCase, device: str):
     return Workload(shape_case, device)
 
 
-def _release_cached_blocks() -> None:
-    """Hand the caching allocator's free blocks back to the driver before a case builds, so a case's
-    allocations do not depend on which cases ran before it in the process. (It does not pin the one case
-    seen to move with placement, vllm_triton's int4 M=1 workaround: that one reads 73-89 us whatever
-    the allocator state, scripts/order_probe.py, and gates wider. Costs ~1 min over the default selection.)"""
-    import gc
-
-    import torch
-
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def test_gemm(case: GemmCase, moebench, request):
     from moebench.gemm import runner
 
@@ -81,8 +68,6 @@ def test_gemm(case: GemmCase, moebench, request):
     if device == "cpu" and case.model != "tiny" and "full" not in marker_names_in(request.config.getoption("markexpr") or ""):
         pytest.skip(f"{case.model} weights are GBs: on a CPU box only the tiny preset runs by default (-m full runs it)")
     moebench.progress(f"{case.key}: building")
-    if device == "cuda":
-        _release_cached_blocks()
     wl = _workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device)
     built = backend.build(case, wl)
     # Correct first: a fast wrong kernel is a regression.

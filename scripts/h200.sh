@@ -10,9 +10,9 @@
 #            vllm_marlin)", then the torch backends, then compares all of -m gemm against both.
 #            allreduce-car: records vllm_custom_ar only, then compares all of -m allreduce.
 #            sweep: SWEEP_ARGS narrows it (e.g. "--dtypes bf16 --ms 1,2,4").
-#            profile: Nsight Compute per-kernel time, DRAM bytes / throughput and L2 reduction sectors of
-#            the Kimi-K2.5 M=1 bf16 fused MoE (ncu serializes kernels: compare their sum with the graph
-#            time for the boundaries); PROFILE_ARGS go to the profile module (e.g. --config JSON).
+#            profile: Nsight Compute per-kernel time, DRAM bytes / throughput, registers and occupancy of
+#            the Kimi-K2.5 M=1 bf16 fused MoE (ncu runs each kernel alone, caches flushed: not a breakdown
+#            of the graph time); PROFILE_ARGS go to the profile module (e.g. --config JSON).
 #            order-probe: scripts/order_probe.py (does a case's time depend on what ran before it).
 #     GPU    the GPU index the phase runs on (CUDA_VISIBLE_DEVICES); allreduce uses them all
 #     PASS   both (default) | record | compare   (a long phase can be split over two device calls:
@@ -83,7 +83,7 @@ case $phase in
     # graph timing first (no profiler), then the kernels one by one under ncu (clocks left alone)
     python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 ${PROFILE_ARGS:-} >"$work/$tag.log" 2>&1
     timeout 240 ncu --clock-control none --graph-profiling node -k regex:moe_ --csv --metrics \
-      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,lts__t_sectors_op_red.sum,lts__t_sectors_op_atom.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
+      gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
       python3 -m moebench.gemm.triton_moe.profile --model kimi-k2.5 --m 1 --rotations 4 --replays 2 ${PROFILE_ARGS:-} \
       >"$work/$tag-ncu.csv" 2>>"$work/$tag.log"
     tail -n 4 "$work/$tag.log"; cp "$work/$tag.log" "$work/$tag-ncu.csv" "$OUT/" 2>/dev/null ;;

@@ -282,12 +282,13 @@ def main(argv=None) -> int:
         print(f"[{time.perf_counter() - t_start:7.1f}s] {msg}" if not msg.startswith("\n") else msg, flush=True)
 
     selected = cases(args.smoke)
-    for opt, attr, conv in ((args.models, "model", str), (args.dtypes, "dtype", str), (args.ms, "M", int)):
-        if opt:
+    for flag, attr, conv in (("models", "model", str), ("dtypes", "dtype", str), ("ms", "M", int)):
+        value = getattr(args, flag)
+        if value:
             try:
-                keep = {conv(v) for v in opt.split(",")}
+                keep = {conv(v) for v in value.split(",")}
             except ValueError:
-                ap.error(f"--{'ms' if attr == 'M' else attr + 's'}: {opt!r} is not a comma-separated list of {conv.__name__}")
+                ap.error(f"--{flag}: {value!r} is not a comma-separated list of {conv.__name__}")
             selected = [c for c in selected if getattr(c, attr) in keep]
     if not selected:
         ap.error("the --models / --dtypes / --ms filters leave no case")
