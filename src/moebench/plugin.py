@@ -176,12 +176,15 @@ class CaseRecorder:
         return self._state.ceiling(device, measure)
 
     def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
-               info: dict | None = None, primary: str | None = None, group: str | None = None) -> CaseResult:
+               info: dict | None = None, primary: str | None = None, group: str | None = None,
+               explain: Callable | None = None) -> CaseResult:
         """Measure (measure() returns name -> Metric), compare with the stored baseline, re-measure once
-        on a suspected regression, and fail this test with one line if it regressed."""
+        on a suspected regression, and fail this test with one line if it regressed; `explain`
+        (comparisons, metrics) -> str adds what moved to that line (see RunState.record)."""
         state = self._state
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
-                              measure=measure, info=info, primary=primary, group=group, progress=self.progress)
+                              measure=measure, info=info, primary=primary, group=group, progress=self.progress,
+                              explain=explain)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:

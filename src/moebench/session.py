@@ -39,6 +39,7 @@ class CaseResult:
     remeasured_from: Measurement | None = None
     note: str = ""
     group: str | None = None
+    explanation: str = ""  # what moved, from the family (decode: the category that grew most)
 
     def to_json(self) -> dict:
         metrics = {}
@@ -56,6 +57,8 @@ class CaseResult:
             "metrics": metrics, "clocks": self.measurement.clocks, "throttled": self.measurement.throttled,
             "info": self.info, "note": self.note, "group": self.group,
         }
+        if self.explanation:
+            out["explanation"] = self.explanation
         if self.primary and self.measurement.metrics.get(self.primary) is not None:
             out["samples"] = list(self.measurement.metrics[self.primary].samples)
         if self.remeasured_from is not None:
@@ -125,8 +128,10 @@ class RunState:
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, group: str | None = None,
-               progress: Callable[[str], None] = lambda s: None) -> CaseResult:
-        """Measure, compare, re-measure once on a suspected regression, and keep the result."""
+               progress: Callable[[str], None] = lambda s: None,
+               explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None) -> CaseResult:
+        """Measure, compare, re-measure once on a suspected regression, and keep the result. `explain`
+        (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than PASS/NEW."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
             # --baseline-update, written to <family>.json, which the schema then refused on every
@@ -144,8 +149,9 @@ class RunState:
             first = second
         if primary is None:
             primary = next((n for n, mm in first.metrics.items() if mm.gated), next(iter(first.metrics), None))
+        why = explain(comps, first.metrics) if explain and verdict not in (Verdict.PASS, Verdict.NEW) else ""
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
-                            primary, remeasured_from, note, group)
+                            primary, remeasured_from, note, group, why)
         self.results.append(result)
         self.rows.append(self._row(result))
         return result
@@ -165,7 +171,8 @@ class RunState:
         m = r.measurement.metrics.get(name) if name else None
         c = r.comparisons.get(name) if name else None
         return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",
-                   c.baseline if c else None, c.delta_pct if c else None, r.note or (c.reason if c else ""))
+                   c.baseline if c else None, c.delta_pct if c else None,
+                   "; ".join(x for x in (r.explanation, r.note) if x) or (c.reason if c else ""))
 
     def failure_line(self, r: CaseResult) -> str | None:
         """The one line a failing case reports, or None when the case passes the gate. Under
@@ -175,7 +182,8 @@ class RunState:
             return None
         for name, c in r.comparisons.items():
             if c.verdict is r.verdict:
-                return one_line(r.key, name, c, r.measurement.metrics[name].unit)
+                line = one_line(r.key, name, c, r.measurement.metrics[name].unit)
+                return f"{line}; {r.explanation}" if r.explanation else line
         return f"{r.verdict.value} {r.key}"
 
     def add_row(self, row: Row) -> None:

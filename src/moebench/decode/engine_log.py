@@ -6,6 +6,7 @@ BATCHED_TRITON) or add choices of its own (MLA prefill backend, quantized-MoE ke
   vLLM:   "Using TRITON Unquantized MoE backend out of potential backends: [...]"
           "Using 'MARLIN' NvFp4 MoE backend out of potential backends: [...]"
           "Using FLASHMLA attention backend out of potential backends: [...]", "Using CPU_MLA backend."
+          "Using Marlin backend for WNA16 MoE (group_size=32, num_bits=4)" (compressed-tensors experts)
   SGLang: the server_args dump: "moe_runner_backend='flashinfer_cutlass'", "attention_backend='flashinfer'"
 """
 
@@ -17,6 +18,7 @@ from pathlib import Path
 _PREFIX = re.compile(r"^.*?\[[\w.]+:\d+\]\s*")  # "(Worker pid=1) INFO 11-29 22:05:59 [cpu.py:175] "
 _USING = re.compile(r"\bUsing\s+'?([\w./-]+)'?\s+((?:[\w-]+\s+){0,3}?)backend\b", re.I)
 # SGLang's ServerArgs repr quotes strings; vLLM's config dump ("quantization=None") does not.
+_FOR_MOE = re.compile(r"^\s*for\s+((?:[\w-]+\s+){0,2}MoE)\b", re.I)  # "... backend for WNA16 MoE"
 _SGLANG = re.compile(r"\b(moe_runner_backend|attention_backend|quantization)='([\w.-]+)'")
 
 
@@ -40,6 +42,12 @@ def choices(log: Path | str, max_bytes: int = 8 << 20) -> dict:
         line = _PREFIX.sub("", raw).strip()
         for m in _USING.finditer(line):
             name, what = m.group(1), m.group(2).strip().lower()
+            after = _FOR_MOE.match(line[m.end():])
+            if after and not what:
+                what = after.group(1).lower()
+                add("moe", f"{name} ({after.group(1)})")
+                add("lines", line[:240])
+                continue
             if "moe" in what:
                 add("moe", f"{name} ({m.group(2).strip()})" if what != "moe" else name)
             elif "prefill" in what or "mla" in what:

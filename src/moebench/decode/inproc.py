@@ -61,16 +61,15 @@ class InProcessEngine:
 
     def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool) -> Trial:
         """Run one request through the engine and return its per-step timeline."""
-        assert self.proc is not None and self.proc.proc.stdin is not None
-        try:
-            self.proc.proc.stdin.write((json.dumps({"cmd": "trial", "index": index, "prompt": prompt,
-                                                    "max_tokens": max_tokens}) + "\n").encode())
-            self.proc.proc.stdin.flush()
-        except (BrokenPipeError, OSError):
-            raise EngineError(f"trial {index}: the engine process is gone (exit code {self.proc.exit_code()})",
-                              self.log) from None
+        self._send({"cmd": "trial", "index": index, "prompt": prompt, "max_tokens": max_tokens}, index)
         ev = self._next_event("trial", time.monotonic() + self.trial_timeout, lambda s: None, trial=index)
         return Trial(warmup, [(float(t), int(n)) for t, n in ev["chunks"]], [int(i) for i in ev["token_ids"]])
+
+    def profile(self, index: int, prompt: list[int], steps: int, timeout: float) -> dict:
+        """Run one trial with `steps` decode steps under the engine's profiler (its trace lands in the
+        profiler_config's folder); returns the worker's event (tokens, steps, wall_s)."""
+        self._send({"cmd": "profile", "index": index, "prompt": prompt, "steps": steps}, index)
+        return self._next_event("profile", time.monotonic() + timeout, lambda s: None, trial=index)
 
     def stop(self) -> list[int]:
         """Stop the worker and every engine process it started; returns pids that survived (none)."""
@@ -80,6 +79,15 @@ class InProcessEngine:
         if self.proc is None:
             return []
         return self.proc.stop(self.grace_s)
+
+    def _send(self, cmd: dict, index: int) -> None:
+        assert self.proc is not None and self.proc.proc.stdin is not None
+        try:
+            self.proc.proc.stdin.write((json.dumps(cmd) + "\n").encode())
+            self.proc.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise EngineError(f"trial {index}: the engine process is gone (exit code {self.proc.exit_code()})",
+                              self.log) from None
 
     def _next_event(self, want: str, deadline: float, progress: Callable[[str], None], trial: int | None = None) -> dict:
         what = "become ready" if trial is None else f"finish trial {trial}"

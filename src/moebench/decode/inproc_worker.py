@@ -4,8 +4,9 @@ Run as `python -m moebench.decode.inproc_worker --spec SPEC.json --events-fd N` 
 moebench.decode.inproc, never imported by the test process: vLLM (and CUDA) stay out of pytest, and
 the harness can stop the engine with its whole process group when it hangs.
 
-Protocol: one JSON command per line on stdin ({"cmd": "trial", "index", "prompt", "max_tokens"} or
-{"cmd": "stop"}); one JSON event per line on fd N ({"event": "ready"|"trial"|"error", ...}). Engine
+Protocol: one JSON command per line on stdin ({"cmd": "trial", "index", "prompt", "max_tokens"},
+{"cmd": "profile", "index", "prompt", "steps"} or {"cmd": "stop"}); one JSON event per line on fd N
+({"event": "ready"|"trial"|"profile"|"error", ...}). Engine
 logs go to stdout/stderr, which the parent sends to the case's log file. End of stdin (the parent is
 gone) ends the worker, and vLLM's exit hooks stop its engine processes.
 
@@ -41,6 +42,26 @@ def _run_trial(engine, params_cls, kind, cmd: dict, detokenize: bool) -> dict:
     return {"event": "trial", "index": cmd["index"], "chunks": chunks, "token_ids": ids}
 
 
+def _run_profiled(engine, params_cls, kind, cmd: dict, detokenize: bool) -> dict:
+    """A trial whose decode steps after the first token run under the engine's profiler (its
+    profiler_config): prefill stays out of the window, and the trace holds exactly `steps` decode steps
+    plus whatever the engine had in flight when profiling started and stopped."""
+    steps = int(cmd["steps"])
+    params = params_cls(max_tokens=steps + 1, min_tokens=steps + 1, ignore_eos=True, temperature=0.0,
+                        output_kind=kind, detokenize=detokenize)
+    engine.add_request(f"moebench-profile-{cmd['index']}", {"prompt_token_ids": cmd["prompt"]}, params)
+    tokens = 0
+    while tokens == 0 and engine.has_unfinished_requests():
+        tokens += sum(len(out.outputs[0].token_ids) for out in engine.step() if out.outputs)
+    engine.start_profile()
+    t0 = time.perf_counter()
+    while engine.has_unfinished_requests():
+        tokens += sum(len(out.outputs[0].token_ids) for out in engine.step() if out.outputs)
+    wall = time.perf_counter() - t0
+    engine.stop_profile()  # returns once the trace is written
+    return {"event": "profile", "index": cmd["index"], "tokens": tokens, "steps": steps, "wall_s": wall}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Start the engine, say 'ready', then run trials as commanded until 'stop' or end of stdin."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -67,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             cmd = json.loads(line)
             if cmd.get("cmd") == "stop":
                 break
-            send(_run_trial(llm.llm_engine, SamplingParams, RequestOutputKind.DELTA, cmd, spec.get("detokenize", False)))
+            run = _run_profiled if cmd.get("cmd") == "profile" else _run_trial
+            send(run(llm.llm_engine, SamplingParams, RequestOutputKind.DELTA, cmd, spec.get("detokenize", False)))
     except BaseException as e:  # noqa: BLE001 - report any failure to the parent before dying
         traceback.print_exc()
         sys.stdout.flush()

@@ -18,11 +18,14 @@ from typing import Callable
 import pytest
 
 from moebench.decode import commands, engine_log, floor, models
+from moebench.decode.breakdown import Breakdown, breakdown, breakdown_metrics, combine_instances, moved_most
+from moebench.decode.categories import LABELS
 from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase
 from moebench.decode.server import ServerEngine, free_port
-from moebench.decode.stats import Trial, bursty, check_trial, decode_metrics, per_trial_summary
+from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
+from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
 from moebench.metrics import Metric
 
 
@@ -74,6 +77,7 @@ class EngineRun:
     launch: dict
     choices: dict = field(default_factory=dict)
     usage_tokens: list = field(default_factory=list)
+    breakdown: Breakdown | None = None
 
 
 def make_engine(case: DecodeCase, log: Path):
@@ -87,6 +91,10 @@ def make_engine(case: DecodeCase, log: Path):
     assert model_dir is not None
     if case.engine_kind == "vllm":
         kw = commands.llm_kwargs(case, model_dir)
+        if s.profile_steps:
+            # The profiler exists from the start but records only inside the profiled trial.
+            kw["profiler_config"] = {"profiler": "torch", "torch_profiler_dir": str(profile_dir(log)),
+                                     "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": False}
         spec = {"llm_kwargs": kw, "detokenize": models.has_tokenizer(model_dir)}
         return InProcessEngine(spec, log, env, **times), {"llm_kwargs": kw, "env": commands.env_recorded(env)}
     port = free_port()
@@ -95,8 +103,14 @@ def make_engine(case: DecodeCase, log: Path):
             {"command": cmd, "env": commands.env_recorded(env)})
 
 
+def profile_dir(log: Path) -> Path:
+    """Where an engine's profiled trial writes its trace: beside its log."""
+    return log.with_name(log.stem + "-profile")
+
+
 def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> EngineRun:
-    """Start the case's engine, run warm-up and measured trials (checking each), stop the engine."""
+    """Start the case's engine, run warm-up and measured trials (checking each), then the profiled
+    trial when the scenario asks for one (in-process engines), stop the engine, read the trace."""
     s = case.scenario
 
     def progress(message: str) -> None:
@@ -123,6 +137,10 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
             itl = t.itls_s()
             progress(f"trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
                      f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(itl) * 1e3 if itl else float('nan'):.3f} ms/token")
+        if s.profile_steps and isinstance(engine, InProcessEngine):
+            progress(f"profiled trial: {s.profile_steps} decode steps (apart from the timed trials)")
+            engine.profile(total, commands.prompt_ids(case, total, vocab or 32000), s.profile_steps,
+                           s.trial_timeout_s + 300)
     except EngineError as e:
         failure = e
     finally:
@@ -131,12 +149,48 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
         raise failure
     if left:
         raise EngineError(f"engine processes {left} were still alive after SIGKILL")
-    return EngineRun(trials, start_s, engine.log, launch, engine_log.choices(engine.log) if engine.log else {},
-                     getattr(engine, "usage_tokens", []))
+    run = EngineRun(trials, start_s, engine.log, launch, engine_log.choices(engine.log) if engine.log else {},
+                    getattr(engine, "usage_tokens", []))
+    if s.profile_steps and isinstance(engine, InProcessEngine):
+        try:
+            trace = find_trace(profile_dir(log))
+            run.breakdown = breakdown(split_steps(load_events(trace), s.profile_steps, str(trace)))
+        except (TraceError, ValueError) as e:
+            raise EngineError(f"profiled trial: {e}", engine.log) from None
+        progress(f"breakdown from {run.breakdown.steps} steps ({run.breakdown.source}): " + ", ".join(
+            f"{LABELS[c]} {run.breakdown.mean_ms(c):.3f}" for c in run.breakdown.per_step_ms if run.breakdown.mean_ms(c) > 0)
+            + " ms/step")
+    return run
 
 
-def floor_metrics(case: DecodeCase, steady_ms: float, ceiling: Callable[[str], float], info: dict) -> dict[str, Metric]:
-    """The memory floor (weight bytes per token over the session's ceiling) and efficiency against it."""
+def _norm(name: str) -> str:
+    return "".join(ch for ch in name.lower() if ch.isalnum())
+
+
+def check_choices(case: DecodeCase, choices: dict) -> str:
+    """Raise EngineError, quoting the engine, when it did not use a pinned or expected backend; returns
+    what could not be checked ("" when every pin was confirmed by the engine's log)."""
+    s = case.scenario
+    unchecked = []
+    wants = (("MoE kernel", s.expect_moe or (s.moe_backend if s.moe_backend != "auto" else ""), "moe"),
+             ("attention backend", s.attention_backend if s.attention_backend != "auto" else "", "attention"))
+    for what, want, kind in wants:
+        used = choices.get(kind) or []
+        if not want:
+            continue
+        if not used:
+            unchecked.append(f"{what} {want!r}: not in the engine's log")
+        elif not any(_norm(want) in _norm(u) for u in used):
+            line = next((ln for ln in choices.get("lines", []) if any(u.split(" ")[0] in ln for u in used)), "")
+            raise EngineError(f"{what}: the scenario pins {want!r} but the engine used {', '.join(used)}"
+                              + (f" (engine: {line!r})" if line else ""))
+    return "; ".join(unchecked)
+
+
+def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callable[[str], float], info: dict) -> dict[str, Metric]:
+    """The memory floor (weight bytes per token over the session's ceiling) and efficiency against it,
+    for the whole step and, with a breakdown, per category (its bytes over its GPU time per step)."""
+    steady_ms = metrics["ms_per_token"].value
     s = case.scenario
     if case.engine_kind == "url" or s.model_dir is None:
         info["floor"] = "not computed: the server may run on another machine"
@@ -150,10 +204,16 @@ def floor_metrics(case: DecodeCase, steady_ms: float, ceiling: Callable[[str], f
     bw = ceiling(device)
     floor_ms = wb.floor_ms(bw)
     info["floor"] = {"weight_bytes_per_token": round(wb.total), "attention": round(wb.attention),
-                     "dense_mlp": round(wb.dense_mlp), "moe": round(wb.moe), "head": round(wb.head),
-                     "ceiling_GBps": round(bw / 1e9, 1), "device": device}
-    return {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
-            "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
+                     "dense_mlp": round(wb.dense_mlp), "router": round(wb.router),
+                     "routed_experts": round(wb.routed_experts), "shared_experts": round(wb.shared_experts),
+                     "head": round(wb.head), "ceiling_GBps": round(bw / 1e9, 1), "device": device}
+    out = {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
+           "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
+    for cat, nbytes in wb.by_category().items():
+        m = metrics.get(f"step_{cat}_ms")
+        if m is not None and m.value > 0:
+            out[f"pct_of_floor_{cat}"] = Metric(100.0 * 1e3 * nbytes / bw / m.value, "%", "higher", gated=False)
+    return out
 
 
 def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
@@ -169,29 +229,54 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
                   "trials": s.trials, "warmup_trials": s.warmup_trials}
     attempt = [0]
 
-    def measure() -> dict[str, Metric]:
-        attempt[0] += 1
-        run = run_engine(case, Path(workdir) / f"engine-{attempt[0]}.log", moebench.progress)
+    def one_instance(n: int) -> tuple[EngineRun, dict[str, Metric]]:
+        run = run_engine(case, Path(workdir) / f"engine-{attempt[0]}-{n}.log", moebench.progress)
         metrics = decode_metrics(run.trials, rel_tol_ms_per_token=s.rel_tol_ms_per_token, rel_tol_ttft=s.rel_tol_ttft)
         metrics["engine_start_s"] = Metric(run.start_s, "s", "lower", gated=False)
-        metrics.update(floor_metrics(case, metrics["ms_per_token"].value, moebench.ceiling, info))
+        if run.breakdown is not None:
+            metrics.update(breakdown_metrics(run.breakdown, metrics["ms_per_token"].value, s.gate_categories,
+                                             s.rel_tol_category))
+        return run, metrics
+
+    def measure() -> dict[str, Metric]:
+        attempt[0] += 1
+        runs = []
+        for n in range(s.engine_instances):
+            if s.engine_instances > 1:
+                moebench.progress(f"{case.id}: engine instance {n + 1}/{s.engine_instances}")
+            runs.append(one_instance(n))
+        run = runs[-1][0]
+        metrics = combine_instances([m for _, m in runs])
+        metrics.update(floor_metrics(case, metrics, moebench.ceiling, info))
+        unchecked = check_choices(case, run.choices)
         info.update({"engine_log": str(run.log) if run.log else None, "launch": run.launch,
                      "engine_choices": run.choices, "per_trial": per_trial_summary(run.trials)})
+        if unchecked:
+            info["unchecked_pins"] = unchecked
+        if run.breakdown is not None:
+            info["breakdown"] = run.breakdown.to_json()
+        if s.engine_instances > 1:
+            info["instances"] = [{k: round(m[k].value, 4) for k in m if k == "ms_per_token" or k == "ttft_ms"
+                                  or k.startswith("step_")} | {"start_s": round(r.start_s, 1)} for r, m in runs]
         if any(u is not None for u in run.usage_tokens):
             info["usage_completion_tokens"] = run.usage_tokens
-        warning = bursty(metrics)
-        if warning:
-            info["warning"] = warning
-            moebench.progress(f"{case.id}: WARNING {warning}")
+        floor_m = metrics.get("floor_ms_per_token")
+        wrong = implausible(metrics, floor_m.value if floor_m else None)
+        if wrong:  # never recorded, never a baseline: the case fails with both numbers
+            raise EngineError(wrong, run.log)
         warm = metrics.get("warmup_ms_per_token")
         moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))
         return metrics
 
+    def explain(comparisons, measured) -> str:
+        moved = moved_most(measured, {n: c.baseline for n, c in comparisons.items()})
+        return f"moved most: {moved}" if moved else ""
+
     failure: EngineError | None = None
     try:
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
-                        group=f"decode {s.model_tag}")
+                        group=f"decode {s.model_tag}", explain=explain)
     except EngineError as e:
         failure = e
     if failure is not None:  # outside the except block: the report shows this message, not a chain

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from moebench.decode import models
+from moebench.decode.categories import CATEGORIES
+from moebench.decode.stats import STEADY_WINDOW
 
 ENGINES = ("vllm", "vllm-server", "sglang-server")
 DEVICES = ("cuda", "cpu")
@@ -41,9 +43,14 @@ class Scenario:
 
     model: a shipped config name (see moebench.decode.models) or a model folder. weights: "dummy"
     (random weights, no download) or "checkpoint" (the folder's own weights). moe_backend is always
-    pinned (the engine's --moe-backend / --moe-runner-backend value); "auto" is accepted only on a CPU,
-    where the engine has a single MoE kernel. only_on: hardware keys where the scenario can run
-    (elsewhere its row reads ENV_MISMATCH against any stored figure).
+    pinned (the engine's --moe-backend / --moe-runner-backend value); "auto" is accepted on a CPU, where
+    the engine has a single MoE kernel, and where `expect_moe` names the kernel the engine must report
+    (quantized experts, whose method picks its own kernel: vLLM runs compressed-tensors W4A16 with
+    Marlin). only_on: hardware keys where the scenario can run (elsewhere its row reads ENV_MISMATCH
+    against any stored figure). profile_steps: decode steps of one profiled trial, run after the timed
+    ones, for the per-category breakdown (0: none); gate_categories: the breakdown's categories that
+    gate, at rel_tol_category. engine_instances: engines started one after the other per measurement
+    (the A/A: their spread is the stored noise).
     """
 
     name: str
@@ -70,6 +77,11 @@ class Scenario:
     trial_timeout_s: float = 300.0
     rel_tol_ms_per_token: float = 0.10
     rel_tol_ttft: float = 0.20
+    expect_moe: str = ""
+    profile_steps: int = 0
+    gate_categories: tuple[str, ...] = ()
+    rel_tol_category: float = 0.05
+    engine_instances: int = 1
     server_command: tuple[str, ...] = ()
     server_args: tuple[str, ...] = ()
     engine_kwargs: tuple[tuple[str, Any], ...] = ()
@@ -163,6 +175,10 @@ class DecodeCase:
                 out.append((moe, ()))
         if s.tiny:
             out.append(("tiny", ()))
+        if s.expect_moe:
+            kernel = s.expect_moe.lower()
+            if fam and (fam, kernel) in MOE_MARKERS and MOE_MARKERS[(fam, kernel)] not in [m for m, _ in out]:
+                out.append((MOE_MARKERS[(fam, kernel)], ()))
         if s.full:
             out.append(("full", ()))
         # A scenario pinned to other hardware keys carries no GPU marker: the plugin would skip it at
@@ -186,6 +202,8 @@ class DecodeCase:
             "moe_backend": s.moe_backend, "attention_backend": s.attention_backend, "cuda_graphs": s.cuda_graphs,
             "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens, "batch": 1, "sampling": "greedy",
             "prefix_caching": False, "gpu_memory_utilization": s.gpu_memory_fraction,
+            # how ms_per_token is read from the timeline (a changed rule makes stored entries STALE)
+            "steady_state": f"median of {STEADY_WINDOW}-token windows",
             "server_args": list(s.server_args), "engine_kwargs": dict(s.engine_kwargs), "env": dict(s.env),
         }
 
@@ -235,7 +253,7 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
     engines = raw["engine"] if isinstance(raw["engine"], list) else [raw["engine"]]
     _want(bool(engines), f"{w}: engine", "must name at least one engine")
     kw: dict[str, Any] = {"name": raw["name"], "engines": tuple(_check_engine(e, f"{w}: engine") for e in engines)}
-    for f in ("model", "moe_backend", "model_label", "quantization", "attention_backend", "note"):
+    for f in ("model", "moe_backend", "model_label", "quantization", "attention_backend", "expect_moe", "note"):
         if f in raw:
             _want(isinstance(raw[f], str) and (f in ("model_label", "quantization", "note") or raw[f]),
                   f"{w}: {f}", f"must be a non-empty string, got {raw[f]!r}")
@@ -244,24 +262,28 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
         if f in raw:
             _want(raw[f] in choices, f"{w}: {f}", f"must be one of {', '.join(choices)}, got {raw[f]!r}")
             kw[f] = raw[f]
-    for f in ("tp", "prompt_tokens", "output_tokens", "trials"):
+    for f in ("tp", "prompt_tokens", "output_tokens", "trials", "engine_instances"):
         if f in raw:
             kw[f] = _pos_int(raw[f], f"{w}: {f}")
-    if "warmup_trials" in raw:
-        kw["warmup_trials"] = _pos_int(raw["warmup_trials"], f"{w}: warmup_trials", zero_ok=True)
+    for f in ("warmup_trials", "profile_steps"):
+        if f in raw:
+            kw[f] = _pos_int(raw[f], f"{w}: {f}", zero_ok=True)
     for f in ("cuda_graphs", "tiny", "full"):
         if f in raw:
             _want(isinstance(raw[f], bool), f"{w}: {f}", f"must be true or false, got {raw[f]!r}")
             kw[f] = raw[f]
-    for f in ("gpu_memory_utilization", "start_timeout_s", "trial_timeout_s", "rel_tol_ms_per_token", "rel_tol_ttft"):
+    for f in ("gpu_memory_utilization", "start_timeout_s", "trial_timeout_s", "rel_tol_ms_per_token", "rel_tol_ttft",
+              "rel_tol_category"):
         if f in raw:
             v = raw[f]
             _want(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{w}: {f}",
                   f"must be a number > 0, got {v!r}")
             kw[f] = float(v)
-    for f in ("only_on", "server_command", "server_args"):
+    for f in ("only_on", "server_command", "server_args", "gate_categories"):
         if f in raw:
             kw[f] = _str_list(raw[f], f"{w}: {f}")
+    unknown_cats = sorted(set(kw.get("gate_categories", ())) - set(CATEGORIES))
+    _want(not unknown_cats, f"{w}: gate_categories", f"unknown {', '.join(unknown_cats)} (known: {', '.join(CATEGORIES)})")
     for f in ("engine_kwargs", "env"):
         if f in raw:
             _want(isinstance(raw[f], dict), f"{w}: {f}", f"must be a table, got {_kind(raw[f])}")
@@ -280,9 +302,11 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
 
 def check_scenario(s: Scenario, where: str) -> Scenario:
     """Rules across fields (also re-checked after command-line overrides)."""
-    _want(s.moe_backend != "auto" or s.device == "cpu", f"{where}: moe_backend",
-          "must be pinned (not 'auto') on a GPU: an engine upgrade that changes the automatic choice "
-          "is a regression this suite exists to catch")
+    _want(s.moe_backend != "auto" or s.device == "cpu" or bool(s.expect_moe), f"{where}: moe_backend",
+          "must be pinned (not 'auto') on a GPU, or name the kernel the engine must choose in expect_moe: an "
+          "engine upgrade that changes the automatic choice is a regression this suite exists to catch")
+    _want(not s.gate_categories or s.profile_steps >= 4, f"{where}: gate_categories",
+          "gating breakdown categories needs a profiled trial (profile_steps >= 4)")
     _want(s.gpu_memory_fraction <= 1.0, f"{where}: gpu_memory_utilization", "must be at most 1")
     if s.device == "cpu":
         _want(s.tp == 1, f"{where}: tp", "a CPU scenario runs on one rank (tp = 1)")

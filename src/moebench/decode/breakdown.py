@@ -1,0 +1,128 @@
+"""Where a decode step's time goes: GPU time per category per step, GPU busy time, and the host gap.
+
+From one profiled trial (kept apart from the timed ones: the profiler slows the host) the steps'
+kernels are sorted into categories (moebench.decode.categories). Per category the figure is its GPU
+time per step (the mean over complete steps; its noise the spread between steps). The host gap is the
+timed trials' steady ms/token minus the GPU busy time per step: the time the GPU waited for the host
+(scheduling, sampling on the CPU, Python) in an unprofiled step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from moebench.decode.categories import CATEGORIES, LABELS, category
+from moebench.decode.trace import Steps, busy_us
+from moebench.metrics import Metric, relative_spread
+
+PREFIX = "step_"  # metric names: step_<category>_ms, step_gpu_busy_ms, step_host_gap_ms
+UNIT = "ms"
+
+
+@dataclass
+class Breakdown:
+    """Per-step GPU time of each category (ms), GPU busy time per step, and what fell into `other`."""
+
+    steps: int
+    source: str
+    per_step_ms: dict[str, list[float]]  # category -> one value per step (all CATEGORIES present)
+    busy_ms: list[float]
+    top_other: list[tuple[str, float]] = field(default_factory=list)  # (kernel name, ms per step)
+
+    def mean_ms(self, cat: str) -> float:
+        """A category's mean GPU time per step (ms)."""
+        return sum(self.per_step_ms[cat]) / self.steps
+
+    @property
+    def gpu_busy_ms(self) -> float:
+        """Mean GPU busy time per step (ms): the union of kernel intervals, overlaps counted once."""
+        return sum(self.busy_ms) / self.steps
+
+    def to_json(self) -> dict:
+        """The breakdown for the results JSON: ms per step and share of GPU time, by category."""
+        total = sum(self.mean_ms(c) for c in CATEGORIES) or 1.0
+        return {"steps": self.steps, "source": self.source, "gpu_busy_ms_per_step": round(self.gpu_busy_ms, 4),
+                "categories": {c: {"ms_per_step": round(self.mean_ms(c), 4), "share": round(self.mean_ms(c) / total, 4)}
+                               for c in CATEGORIES},
+                "top_other_kernels": [[n, round(ms, 4)] for n, ms in self.top_other]}
+
+
+def breakdown(steps: Steps) -> Breakdown:
+    """Sort every kernel of the complete steps into categories; sums per step in ms."""
+    if steps.count == 0:
+        raise ValueError("no complete decode step in the profiled window")
+    per_step = {c: [0.0] * steps.count for c in CATEGORIES}
+    other: dict[str, float] = defaultdict(float)
+    busy = []
+    for i, ks in enumerate(steps.kernels):
+        for k in ks:
+            cat = category(k)
+            per_step[cat][i] += k.dur / 1e3
+            if cat == "other":
+                other[k.name[:120]] += k.dur / 1e3 / steps.count
+        busy.append(busy_us(ks) / 1e3)
+    top = sorted(other.items(), key=lambda kv: -kv[1])[:5]
+    return Breakdown(steps.count, steps.source, per_step, busy, top)
+
+
+def breakdown_metrics(b: Breakdown, steady_ms: float, gated: tuple[str, ...], rel_tol: float) -> dict[str, Metric]:
+    """Metrics of a breakdown: step_<category>_ms per category (gated for the categories in `gated`),
+    step_gpu_busy_ms and step_host_gap_ms (informational). Per-step spread is the noise when steps were
+    told apart; for a window average (no step annotations) it is unknown, so the category is not gated."""
+    by_steps = b.source == "annotations"
+    out: dict[str, Metric] = {}
+    for c in CATEGORIES:
+        xs = b.per_step_ms[c]
+        out[f"{PREFIX}{c}_ms"] = Metric(b.mean_ms(c), UNIT, "lower", noise=relative_spread(xs) if by_steps else 0.0,
+                                        n=b.steps, rel_tol=rel_tol, gated=by_steps and c in gated and b.mean_ms(c) > 0)
+    out[f"{PREFIX}gpu_busy_ms"] = Metric(b.gpu_busy_ms, UNIT, "lower", noise=relative_spread(b.busy_ms), n=b.steps,
+                                         gated=False)
+    # May be negative by a little: the profiled trial's kernels are timed under the profiler.
+    out[f"{PREFIX}host_gap_ms"] = Metric(steady_ms - b.gpu_busy_ms, UNIT, "lower", n=b.steps, gated=False)
+    return out
+
+
+def category_of_metric(name: str) -> str | None:
+    """The category a metric name stands for (step_routed_experts_ms -> routed_experts), else None."""
+    if name.startswith(PREFIX) and name.endswith("_ms"):
+        c = name[len(PREFIX):-len("_ms")]
+        return c if c in CATEGORIES else None
+    return None
+
+
+def moved_most(measured: Mapping[str, Metric], baselines: Mapping[str, float | None]) -> str | None:
+    """The category whose time per step grew most against its baseline, as one phrase
+    ("routed experts +18.0%: 1.46 -> 1.72 ms/step"), or None when no category has a baseline."""
+    best: tuple[float, str] | None = None
+    for name, m in measured.items():
+        c = category_of_metric(name)
+        base = baselines.get(name)
+        if c is None or not base:
+            continue
+        grew = m.value - base
+        if best is None or grew > best[0]:
+            best = (grew, f"{LABELS[c]} {100 * grew / base:+.1f}%: {base:.3g} -> {m.value:.3g} ms/step")
+    return best[1] if best else None
+
+
+def combine_instances(per_instance: list[Mapping[str, Metric]]) -> dict[str, Metric]:
+    """One metric set from several engine instances (the A/A): each value the median of the instances',
+    its noise the larger of the spread between instances and the spread inside them."""
+    if len(per_instance) == 1:
+        return dict(per_instance[0])
+    out: dict[str, Metric] = {}
+    for name, first in per_instance[0].items():
+        ms = [p[name] for p in per_instance if name in p]
+        vals = [m.value for m in ms]
+        between = relative_spread(vals)
+        # with 2-3 instances MAD can read 0 (two equal medians); the half range is the honest floor then
+        if len(vals) > 1 and statistics.median(vals):
+            between = max(between, (max(vals) - min(vals)) / 2 / abs(statistics.median(vals)))
+        out[name] = Metric(statistics.median(vals), first.unit, first.direction,
+                           noise=max([between] + [m.noise for m in ms]), n=sum(m.n for m in ms),
+                           rel_tol=first.rel_tol, gated=first.gated and len(ms) == len(per_instance),
+                           samples=tuple(x for m in ms for x in m.samples))
+    return out
