@@ -5,18 +5,18 @@ from __future__ import annotations
 import pytest
 
 from moebench.decode import engine_log, floor, models
-from moebench.decode.stats import Trial, bursty, check_trial, decode_metrics, per_trial_summary
+from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
 
 
 def _trial(ttft_ms: float, itl_ms: float, n: int, warmup: bool = False) -> Trial:
     return Trial(warmup, [((ttft_ms + i * itl_ms) / 1e3, 1) for i in range(n)], list(range(n)))
 
 
-def test_steady_state_is_the_median_itl_of_measured_trials_only():
-    trials = [_trial(900, 192, 5, warmup=True), _trial(50, 97, 5), _trial(60, 99, 5)]
+def test_steady_state_is_the_median_windowed_rate_of_measured_trials_only():
+    trials = [_trial(900, 192, 40, warmup=True), _trial(50, 97, 40), _trial(60, 99, 40)]
     m = decode_metrics(trials)
-    assert m["ms_per_token"].value == pytest.approx(98, abs=1.01)  # 97,97,97,97,99,99,99,99 -> 98
-    assert m["ms_per_token"].n == 8 and m["ms_per_token"].gated and m["ms_per_token"].rel_tol == 0.10
+    assert m["ms_per_token"].value == pytest.approx(98, abs=1.01)  # windows of 97 and of 99 -> 98
+    assert m["ms_per_token"].n == 2 * (39 - 16) and m["ms_per_token"].gated and m["ms_per_token"].rel_tol == 0.10
     assert m["ttft_ms"].value == pytest.approx(55) and m["ttft_ms"].gated and m["ttft_ms"].rel_tol == 0.20
     # the warm-up trial is reported apart, never mixed in, never gated
     assert m["warmup_ms_per_token"].value == pytest.approx(192) and not m["warmup_ms_per_token"].gated
@@ -29,18 +29,47 @@ def test_percentiles_tokens_per_second_and_e2e():
     m = decode_metrics([t])
     assert m["itl_p90_ms"].value == pytest.approx(1.0)
     assert m["itl_p99_ms"].value > 1.0  # the one 90 ms gap sits at the top
+    assert m["ms_per_token"].value == pytest.approx(1.0)  # a stall moves a few windows, not their median
     assert m["tokens_per_s"].value == pytest.approx(101 / 0.199)
     assert m["e2e_ms_per_token"].value == pytest.approx(199 / 101)
 
 
+def test_several_tokens_per_stream_chunk_keep_the_steady_rate_right():
+    # 128 tokens at 4 ms each, delivered by a loaded server in chunks of 1 to 8 tokens: the per-chunk
+    # split used to read 0.016 ms/token here; the windowed rate reads the true 4 ms.
+    chunks, t, i = [(0.010, 1)], 0.010, 1
+    sizes = [1, 8, 2, 7, 3, 5, 8, 1]
+    while i < 128:
+        k = min(sizes[len(chunks) % len(sizes)], 128 - i)
+        t += 0.004 * k
+        chunks.append((t, k))
+        i += k
+    bursty_trial = Trial(False, chunks, [])
+    m = decode_metrics([bursty_trial])
+    assert m["ms_per_token"].value == pytest.approx(4.0, rel=0.15)
+    assert implausible(m) is None
+
+
 def test_tokens_arriving_in_bursts_are_flagged():
     smooth = decode_metrics([_trial(10, 4, 33)])
-    assert smooth["tpot_ms"].value == pytest.approx(4) and bursty(smooth) is None
-    # 32 tokens in 4 bursts of 8, 30 ms apart, 0.01 ms within a burst
+    assert smooth["tpot_ms"].value == pytest.approx(4) and implausible(smooth) is None
+    # 4 bursts of 8 tokens, 30 ms apart: every 16-token window spans two waits, so the rate is right
     times = [0.010 + 0.030 * (i // 8) + 0.00001 * (i % 8) for i in range(32)]
     m = decode_metrics([Trial(False, [(t, 1) for t in times], [])])
-    assert m["ms_per_token"].value < 0.1 and m["tpot_ms"].value > 2
-    assert "bursty stream" in bursty(m)
+    assert m["ms_per_token"].value == pytest.approx(3.75, rel=0.01) and implausible(m) is None
+    # 100 tokens flushed 0.01 ms apart, then a 500 ms wait: most windows read "fast", far under the
+    # stream's own rate; no steady state can be read from that, and it says so with both numbers
+    times = [0.010 + 0.00001 * i for i in range(100)] + [0.510 + 0.001 * i for i in range(8)]
+    m = decode_metrics([Trial(False, [(t, 1) for t in times], [])])
+    assert m["ms_per_token"].value < 0.5 * m["tpot_ms"].value
+    assert "arrived in bursts" in implausible(m)
+
+
+def test_a_steady_state_under_the_memory_floor_is_refused_with_both_numbers():
+    m = decode_metrics([_trial(10, 4, 33)])
+    assert implausible(m, floor_ms=3.9) is None
+    assert implausible(m, floor_ms=5.0) == ("steady state 4 ms/token is below the memory floor 5 ms/token "
+                                            "(the weights cannot be read that fast): the token timeline is wrong")
 
 
 def test_a_chunk_of_k_tokens_counts_k_inter_token_latencies():
@@ -75,6 +104,7 @@ def test_floor_counts_the_tiny_config_by_hand():
     assert wb.attention == 2 * attn_per_layer * 2
     assert wb.dense_mlp == 1 * 3 * h * 512 * 2
     assert wb.moe == 1 * (8 * h * 2 + 8 * 4 + (2 + 1) * 3 * h * 128 * 2)
+    assert wb.router == 8 * h * 2 + 8 * 4 and wb.routed_experts == 2 * 3 * h * 128 * 2
     assert wb.head == (2048 * h + 2 * h) * 2
     assert wb.floor_ms(1e9) == pytest.approx(1e3 * wb.total / 1e9)
 
@@ -88,6 +118,26 @@ def test_floor_of_the_kimi_shard():
     assert wb.total == pytest.approx(1.539e9, rel=1e-3) and 0.45 < wb.moe / wb.total < 0.5
     q = floor.weight_bytes_per_token(cfg, "bfloat16", "int4", tp=2)
     assert q.moe < wb.moe / 2 and q.attention == pytest.approx(wb.attention / 2)
+
+
+def test_floor_of_the_kimi_int4_rank_counts_only_the_routed_experts_as_int4():
+    cfg = models.read_config(models.shipped_models()["kimi-k2.5-int4-rank"])
+    per_weight, parts = floor.config_quantization(cfg)
+    assert per_weight == 0.5 + 2 / 32 and parts == {"routed_experts"}
+    wb = floor.weight_bytes_per_token(cfg, "bfloat16")
+    h, i, layers = 7168, 256, 61
+    assert wb.routed_experts == pytest.approx((layers - 1) * 8 * 3 * h * i * 0.5625)  # 1.486 GB
+    assert wb.shared_experts == pytest.approx((layers - 1) * 3 * h * i * 2)  # bf16
+    assert wb.dense_mlp == pytest.approx(3 * h * 2304 * 2)
+    cats = wb.by_category()
+    assert sum(cats.values()) == pytest.approx(wb.total)
+    assert cats["routed_experts"] == pytest.approx(1.486e9, rel=1e-3) and cats["attention"] == pytest.approx(3.16e9, rel=1e-3)
+
+
+def test_a_config_quantization_the_floor_cannot_count_is_named():
+    with pytest.raises(floor.FloorUnknown, match="'awq'"):
+        floor.config_quantization({"quantization_config": {"quant_method": "awq"}})
+    assert floor.config_quantization({}) is None
 
 
 def test_floor_refuses_what_it_cannot_count():
@@ -106,10 +156,11 @@ def test_engine_log_choices(tmp_path):
         "(Worker_TP1 pid=3) INFO 11-29 22:05:59 [unquantized.py:364] Using TRITON Unquantized MoE backend out of potential backends: ['TRITON'].\n"
         "(Worker pid=2) INFO 11-29 22:05:59 [nvfp4.py:244] Using 'MARLIN' NvFp4 MoE backend out of potential backends: [...]\n"
         "(Worker pid=2) INFO [cpu.py:175] Using CPU_MLA backend.\n"
+        "(Worker pid=2) INFO [compressed_tensors_moe_wna16_marlin.py:87] Using Marlin backend for WNA16 MoE (group_size=32, num_bits=4)\n"
         "(EngineCore pid=1) INFO [core.py:133] Initializing a V1 LLM engine with config: quantization=None, backend=x\n"
         "[2026-11-29] server_args=ServerArgs(attention_backend='flashinfer', moe_runner_backend='flashinfer_cutlass', quantization='modelopt_fp4')\n")
     c = engine_log.choices(log)
     assert c["attention"] == ["FLASHMLA", "CPU_MLA", "flashinfer"]
-    assert c["moe"] == ["TRITON (Unquantized MoE)", "MARLIN (NvFp4 MoE)", "flashinfer_cutlass"]
+    assert c["moe"] == ["TRITON (Unquantized MoE)", "MARLIN (NvFp4 MoE)", "Marlin (WNA16 MoE)", "flashinfer_cutlass"]
     assert c["other"] == ["modelopt_fp4 (quantization)"]
     assert engine_log.choices(tmp_path / "missing.log")["moe"] == []

@@ -56,7 +56,9 @@ def test_markers_select_family_engine_backend_and_hardware():
     cases = {(c.scenario.name, c.engine_kind): c for c in cases_of(load_scenarios(SHIPPED))}
     names = lambda c: {m for m, _ in c.markers()}  # noqa: E731
     assert names(cases["tiny-cpu", "vllm"]) == {"decode", "vllm", "tiny"}
-    assert names(cases["kimi-k2.5-shard", "vllm-server"]) == {"decode", "vllm", "vllm_triton", "gpu"}
+    assert names(cases["kimi-k2.5-shard", "vllm-server"]) == {"decode", "vllm", "vllm_triton", "gpu", "full"}
+    # "auto" with the kernel the engine must report: the kernel's marker selects it; in the default set
+    assert names(cases["kimi-k2.5-int4-rank", "vllm"]) == {"decode", "vllm", "vllm_marlin", "gpu"}
     # only_on: no GPU marker, so the row can read ENV_MISMATCH instead of a plain skip at setup
     assert names(cases["glm-5-nvfp4-tp8-sglang", "sglang-server"]) == {"decode", "sglang", "flashinfer_cutlass"}
     assert ("full", ()) in cases["glm-5-shard", "vllm"].markers()
@@ -158,7 +160,7 @@ def _collect(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["--decode-trials", "nope=3"], "--decode-trials: unknown scenario 'nope' (known: tiny-cpu, tiny,"),
+    (["--decode-trials", "nope=3"], "--decode-trials: unknown scenario 'nope' (known: tiny-cpu, kimi-k2.5-int4-rank,"),
     (["--decode-trials", "abc"], "argument --decode-trials: 'abc' is not a positive integer"),
     (["--decode-model", "tiny=/no/such/folder"], "argument --decode-model: /no/such/folder: no such model folder"),
     (["--decode-engine", "trt"], "argument --decode-engine: 'trt': expected one of vllm, vllm-server, sglang-server"),
@@ -170,7 +172,7 @@ def test_bad_command_line_is_one_clear_line(args, needle):
 
 
 def test_vllm_server_command_pins_everything():
-    [s] = load_scenarios(SHIPPED)[2:3]  # kimi-k2.5-shard
+    [s] = [x for x in load_scenarios(SHIPPED) if x.name == "kimi-k2.5-shard"]
     case = DecodeCase(s, "vllm-server")
     cmd = commands.server_command(case, s.model_dir, 8123, python="python3")
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]

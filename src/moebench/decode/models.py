@@ -51,3 +51,16 @@ def has_tokenizer(folder: Path) -> bool:
     folder = Path(folder)
     return any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
                                                          "tiktoken.model"))
+
+
+def quant_label(folder: Path | None) -> str:
+    """A short name for the quantization a model folder's config declares ("int4-g32" for weight-only
+    4-bit integer groups of 32, the gemm family's word for it), or "" when it declares none."""
+    if folder is None or not (Path(folder) / "config.json").is_file():
+        return ""
+    q = read_config(folder).get("quantization_config") or {}
+    groups = list((q.get("config_groups") or {}).values())
+    w = groups[0].get("weights") if len(groups) == 1 and isinstance(groups[0], dict) else None
+    if q.get("quant_method") == "compressed-tensors" and w and w.get("type") == "int" and w.get("group_size"):
+        return f"int{w.get('num_bits')}-g{w['group_size']}"
+    return str(q.get("quant_method") or "")

@@ -100,6 +100,11 @@ _OVERRIDES: dict[str, tuple[Callable[[str], Any], str, str]] = {
     "--decode-attention-backend": (_backend, "attention_backend", "attention backend to pin"),
     "--decode-cuda-graphs": (_on_off, "cuda_graphs", "CUDA graphs (and torch.compile) on or off"),
     "--decode-start-timeout": (_seconds, "start_timeout_s", "seconds an engine may take to become ready"),
+    "--decode-instances": (_positive_int, "engine_instances",
+                           "engine instances started one after another per measurement (an A/A: their spread "
+                           "is the noise a --baseline-update stores)"),
+    "--decode-profile-steps": (_count, "profile_steps", "decode steps of the profiled trial behind the per-category "
+                                                        "breakdown (0: no profiled trial)"),
 }
 
 

@@ -150,7 +150,9 @@ class DecodeCase:
         """The baseline key, rendered from the case's axes (never a path or a port)."""
         s = self.scenario
         engine = "openai" if self.engine_kind == "url" else self.engine
-        precision = s.quantization or {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[s.dtype]
+        # the weights' precision as the engine runs them: the flag, else what the config declares, else dtype
+        precision = (s.quantization or models.quant_label(s.model_dir)
+                     or {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[s.dtype])
         parts = [s.model_tag, engine, f"tp{s.tp}", precision, f"moe_{s.moe_backend}",
                  f"attn_{s.attention_backend.lower()}", "graph" if s.cuda_graphs else "eager",
                  f"p{s.prompt_tokens}", f"o{s.output_tokens}"]

@@ -1,0 +1,48 @@
+"""A deliberate slowdown of vLLM's routed-expert kernel, to prove the decode gate can fail.
+
+This is a vLLM general plugin (entry point `vllm.general_plugins`), loaded by every vLLM process when
+this folder is on PYTHONPATH: the way a real kernel regression arrives (a patched or upgraded engine),
+from outside the case definition. With MOEBENCH_PLANT_EXPERTS=F (a fraction, e.g. 0.10) it runs the
+Marlin MoE GEMMs of one MoE layer in every round(1/F) a second time into a scratch output, so the routed
+experts' GPU time grows by about F while every result stays what it was (the second call's output is
+discarded). Unset, it does nothing.
+
+    PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m decode -k "int4 and not server"
+
+The calls happen inside vLLM's CUDA-graph capture too, so the extra kernels are part of every replay.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def register() -> None:
+    """vLLM calls this in each of its processes (general plugin)."""
+    frac = float(os.environ.get("MOEBENCH_PLANT_EXPERTS", "0") or 0)
+    if frac <= 0:
+        return
+    import vllm._custom_ops as ops
+
+    if getattr(ops.moe_wna16_marlin_gemm, "_moebench_planted", False):
+        return
+    original = ops.moe_wna16_marlin_gemm
+    every = max(1, round(1 / frac))
+    calls = [0]
+
+    def planted(*args, **kwargs):
+        out = original(*args, **kwargs)
+        # Two Marlin GEMMs per MoE layer (gate-up, then down): layer = call // 2.
+        if (calls[0] // 2) % every == 0:
+            again = dict(kwargs)
+            if "output" in again:
+                again["output"] = None  # a fresh scratch output: the layer's result is untouched
+                original(*args, **again)
+            elif len(args) > 1:
+                original(args[0], None, *args[2:], **kwargs)
+        calls[0] += 1
+        return out
+
+    planted._moebench_planted = True
+    ops.moe_wna16_marlin_gemm = planted
+    print(f"moebench planted regression: every {every}th MoE layer runs its Marlin GEMMs twice", flush=True)

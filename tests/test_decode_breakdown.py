@@ -1,0 +1,142 @@
+"""The decode breakdown: trace parsing, the kernel category map, per-step figures, and the category gate,
+on a small committed trace (tests/data/decode-trace-small.json: 3 complete annotated steps, a 4th cut by
+the profiler's stop, one kernel launched before the first step, the sampler inside its annotation)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from moebench.baselines.compare import Verdict, compare_metric
+from moebench.decode import trace
+from moebench.decode.breakdown import breakdown, breakdown_metrics, combine_instances, moved_most
+from moebench.decode.categories import category
+from moebench.decode.trace import Kernel, TraceError, busy_us, load_events, split_steps
+from moebench.metrics import Metric
+
+FIXTURE = Path(__file__).parent / "data" / "decode-trace-small.json"
+GATED = ("routed_experts", "attention", "dense_gemms")
+# Per complete step, by hand from the fixture's kernel list (us).
+EXPECTED_US = {"routed_experts": 16 + 8 + 1, "router_topk_align": 3 + 2, "attention": 12 + 2,
+               "dense_gemms": 20 + 10, "norms_elementwise": 4 + 2 + 1.5,
+               "sampling": 2.5 + 1.0,  # the argmax and the token copy, both launched inside the sampler
+               "communication": 0, "other": 0.5}
+
+
+def _steps(events=None):
+    return split_steps(events if events is not None else load_events(FIXTURE))
+
+
+def test_complete_annotated_steps_only_and_launch_attribution():
+    steps = _steps()
+    assert steps.count == 3 and steps.source == "annotations"  # the 4th (cut) step is left out
+    names = [k.name for ks in steps.kernels for k in ks]
+    assert not any(n.startswith("void at::native::reduce_kernel<...>") for n in names)  # launched before step 0
+    assert all(len(ks) == 15 for ks in steps.kernels)
+
+
+@pytest.mark.parametrize("name, want", [
+    ("void marlin_moe_wna16::Marlin<...>(...)", "routed_experts"),
+    ("fused_moe_kernel", "routed_experts"),
+    ("void vllm::moe::moe_sum_kernel<...>(...)", "routed_experts"),
+    ("void vllm::moe::moe_align_block_size_kernel<...>(...)", "router_topk_align"),
+    ("void vllm::moe::grouped_topk_kernel<...>(...)", "router_topk_align"),
+    ("void flash::flash_fwd_splitkv_mla_kernel<...>(...)", "attention"),
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_TNT", "dense_gemms"),
+    ("void marlin::Marlin<...>(...)", "dense_gemms"),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms_elementwise"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("mystery_kernel_xyz", "other"),
+])
+def test_category_map(name, want):
+    assert category(Kernel(name, 0, 1, "kernel")) == want
+
+
+def test_sampler_annotation_and_memcpy_override_the_name():
+    assert category(Kernel("void at::native::reduce_kernel<ArgMaxOps>", 0, 1, "kernel", in_sampler=True)) == "sampling"
+    assert category(Kernel("void at::native::reduce_kernel<ArgMaxOps>", 0, 1, "kernel")) == "norms_elementwise"
+    assert category(Kernel("Memcpy DtoH", 0, 1, "gpu_memcpy")) == "other"
+    assert category(Kernel("Memcpy DtoH", 0, 1, "gpu_memcpy", in_sampler=True)) == "sampling"
+
+
+def test_breakdown_per_step_by_hand():
+    b = breakdown(_steps())
+    for cat, us in EXPECTED_US.items():
+        assert b.mean_ms(cat) == pytest.approx(us / 1e3), cat
+    assert b.gpu_busy_ms == pytest.approx(sum(EXPECTED_US.values()) / 1e3)  # no overlap in the fixture
+    assert b.top_other == [("mystery_kernel_xyz", pytest.approx(0.0005))]
+    doc = b.to_json()
+    assert doc["categories"]["routed_experts"]["share"] == pytest.approx(25 / 85.5, abs=1e-4)
+
+
+def test_busy_time_counts_overlap_once():
+    ks = [Kernel("a", 0, 10, "kernel"), Kernel("b", 5, 10, "kernel"), Kernel("c", 30, 1, "kernel")]
+    assert busy_us(ks) == 16
+
+
+def test_metrics_gate_only_the_named_categories_and_host_gap_is_step_minus_busy():
+    m = breakdown_metrics(breakdown(_steps()), steady_ms=0.2, gated=GATED, rel_tol=0.05)
+    assert {n for n, x in m.items() if x.gated} == {f"step_{c}_ms" for c in GATED}
+    assert m["step_routed_experts_ms"].rel_tol == 0.05 and m["step_routed_experts_ms"].noise == 0.0
+    assert m["step_host_gap_ms"].value == pytest.approx(0.2 - 0.0855)
+    assert not m["step_gpu_busy_ms"].gated and not m["step_communication_ms"].gated  # zero: never gated
+
+
+def test_a_ten_percent_slower_expert_kernel_regresses_that_category_and_is_named():
+    base = breakdown_metrics(breakdown(_steps()), 0.2, GATED, 0.05)
+    events = load_events(FIXTURE)
+    for e in events:  # the planted regression: the Marlin MoE kernel 10% slower, nothing else
+        if "marlin_moe" in e.get("name", ""):
+            e["dur"] *= 1.10
+    slow = breakdown_metrics(breakdown(_steps(events)), 0.2024, GATED, 0.05)
+    verdicts = {n: compare_metric(slow[n], base[n]).verdict for n in slow if slow[n].gated}
+    assert verdicts["step_routed_experts_ms"] is Verdict.REGRESSION
+    assert {v for n, v in verdicts.items() if n != "step_routed_experts_ms"} == {Verdict.PASS}
+    line = moved_most(slow, {n: base[n].value for n in base})
+    assert line == "routed experts +9.6%: 0.025 -> 0.0274 ms/step"
+    # a 3% drift stays inside the 5% category tolerance
+    for e in events:
+        if "marlin_moe" in e.get("name", ""):
+            e["dur"] *= 1.03 / 1.10
+    drift = breakdown_metrics(breakdown(_steps(events)), 0.2, GATED, 0.05)
+    assert compare_metric(drift["step_routed_experts_ms"], base["step_routed_experts_ms"]).verdict is Verdict.PASS
+
+
+def test_without_annotations_the_window_is_divided_by_the_steps_run_and_nothing_gates():
+    events = [e for e in load_events(FIXTURE) if e.get("cat") != "user_annotation"]
+    steps = split_steps(events, assumed_steps=4)
+    assert steps.count == 4 and steps.source == "assumed 4 steps"
+    m = breakdown_metrics(breakdown(steps), 0.2, GATED, 0.05)
+    assert not any(x.gated for x in m.values())
+    with pytest.raises(TraceError, match="no step count"):
+        split_steps(events)
+
+
+def test_gzip_and_bad_files(tmp_path):
+    gz = tmp_path / "w.pt.trace.json.gz"
+    gz.write_bytes(gzip.compress(FIXTURE.read_bytes()))
+    assert len(load_events(gz)) == len(load_events(FIXTURE))
+    assert trace.find_trace(tmp_path) == gz
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(TraceError, match="bad.json: not a readable profiler trace"):
+        load_events(bad)
+    (tmp_path / "cpu.json").write_text(json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::mm",
+                                                                     "ts": 0, "dur": 1}]}))
+    with pytest.raises(TraceError, match="no GPU kernel"):
+        split_steps(load_events(tmp_path / "cpu.json"), 2)
+    with pytest.raises(TraceError, match="wrote no"):
+        trace.find_trace(tmp_path / "empty")
+
+
+def test_instances_combine_to_the_median_with_the_spread_between_them_as_noise():
+    runs = [{"ms_per_token": Metric(v, "ms", "lower", noise=0.001, n=100, rel_tol=0.1)} for v in (6.79, 6.94, 6.85)]
+    m = combine_instances(runs)["ms_per_token"]
+    assert m.value == 6.85 and m.n == 300 and m.gated and m.rel_tol == 0.1
+    assert m.noise == pytest.approx(1.4826 * 0.06 / 6.85)  # between instances (MAD), not the 0.1% inside
+    two = combine_instances(runs[:2] + [{"ms_per_token": Metric(6.79, "ms", "lower", noise=0.001)}])["ms_per_token"]
+    assert two.noise == pytest.approx((6.94 - 6.79) / 2 / 6.79)  # MAD reads 0 with two equal values
+    assert combine_instances(runs[:1])["ms_per_token"] is runs[0]["ms_per_token"]
