@@ -13,7 +13,7 @@ import pytest
 
 from moebench.decode import commands, models
 from moebench.decode.options import Override, _split, apply_overrides
-from moebench.decode.scenarios import DecodeCase, ScenarioError, cases_of, load_scenarios
+from moebench.decode.scenarios import DecodeCase, ScenarioError, cases_of, load_scenarios, parse_scenario
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = REPO / "benchmarks" / "decode_scenarios.toml"
@@ -211,3 +211,53 @@ def test_engine_env_defaults_and_pythonpath():
     assert env["PYTHONPATH"].split(":")[0] == str(REPO / "src")
     env = commands.engine_env(DecodeCase(s, "vllm"), base={"VLLM_CPU_KVCACHE_SPACE": "4"})
     assert env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def _scenario(**kw):
+    base = {"name": "x", "engine": "vllm", "model": "tiny", "moe_backend": "triton"}
+    return parse_scenario(base | kw, "f.toml")
+
+
+def test_auto_moe_on_a_gpu_needs_the_kernel_the_engine_must_report():
+    with pytest.raises(ScenarioError, match="moe_backend: must be pinned .* or name the kernel .* expect_moe"):
+        _scenario(moe_backend="auto")
+    s = _scenario(moe_backend="auto", expect_moe="marlin")
+    assert ("vllm_marlin", ()) in DecodeCase(s, "vllm").markers()
+
+
+def test_gated_categories_must_exist_and_need_a_profiled_trial():
+    with pytest.raises(ScenarioError, match="gate_categories: unknown experts"):
+        _scenario(gate_categories=["experts"], profile_steps=8)
+    with pytest.raises(ScenarioError, match="gate_categories: gating breakdown categories needs a profiled trial"):
+        _scenario(gate_categories=["attention"])
+    assert _scenario(gate_categories=["attention"], profile_steps=8).gate_categories == ("attention",)
+
+
+@pytest.mark.parametrize("kw, choices, error", [
+    ({}, {"moe": ["TRITON (Unquantized MoE)"], "lines": []}, None),
+    ({"moe_backend": "auto", "expect_moe": "marlin"}, {"moe": ["Marlin (WNA16 MoE)"]}, None),
+    # the INT4 run of the past: pinned triton, the engine ran Marlin; now a failure quoting the engine
+    ({}, {"moe": ["Marlin (WNA16 MoE)"],
+          "lines": ["Using Marlin backend for WNA16 MoE (group_size=32, num_bits=4)"]},
+     "MoE kernel: the scenario pins 'triton' but the engine used Marlin (WNA16 MoE) "
+     "(engine: 'Using Marlin backend for WNA16 MoE (group_size=32, num_bits=4)')"),
+    ({"attention_backend": "FLASH_ATTN_MLA"}, {"moe": ["TRITON (Unquantized MoE)"], "attention": ["TRITON_MLA"]},
+     "attention backend: the scenario pins 'FLASH_ATTN_MLA' but the engine used TRITON_MLA"),
+])
+def test_a_pin_the_engine_did_not_honour_fails_the_case(kw, choices, error):
+    from moebench.decode.procs import EngineError
+    from moebench.decode.runner import check_choices
+
+    case = DecodeCase(_scenario(**kw), "vllm")
+    if error is None:
+        assert check_choices(case, choices) == ""
+    else:
+        with pytest.raises(EngineError) as e:
+            check_choices(case, choices)
+        assert e.value.summary == error
+
+
+def test_a_pin_the_log_does_not_mention_is_recorded_as_unchecked():
+    from moebench.decode.runner import check_choices
+
+    assert check_choices(DecodeCase(_scenario(), "vllm"), {}) == "MoE kernel 'triton': not in the engine's log"

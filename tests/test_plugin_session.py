@@ -165,3 +165,21 @@ def test_definition_hash_is_order_independent_and_sensitive():
     assert a == provenance.definition_hash({"k": 7168, "m": 1})
     assert a != provenance.definition_hash({"m": 2, "k": 7168})
     assert len(a) == 16
+
+
+def test_what_moved_and_what_ran_differently_reach_the_failure_line_the_row_and_the_stored_entry():
+    ran = {"moe": ["Marlin (WNA16 MoE)"], "attention": ["TRITON_MLA"]}
+    stored = {"k[1]": None}
+    bs = baseline_set({"lat": 100.0})
+    bs.docs["gemm"]["entries"]["k[1]"]["recorded"] = {"moe": ["Marlin (WNA16 MoE)"], "attention": ["FLASH_ATTN_MLA"]}
+    s = state(bs)
+    r = record(s, Source(120.0), explain=lambda comps, metrics: f"moved most: lat {comps['lat'].baseline:.0f} -> "
+                                                                   f"{metrics['lat'].value:.0f}", recorded=lambda: ran)
+    assert r.explanation == "moved most: lat 100 -> 120; attention: FLASH_ATTN_MLA -> TRITON_MLA"
+    assert s.failure_line(r).endswith("; moved most: lat 100 -> 120; attention: FLASH_ATTN_MLA -> TRITON_MLA")
+    assert s.rows[-1].note.startswith("moved most: lat 100 -> 120; attention:")
+    stored = s.entries_by_family()["gemm"]["k[1]"]
+    assert stored["recorded"] == ran and r.to_json()["recorded"] == ran
+    # a passing case says nothing of what moved, but still what ran differently
+    ok = record(state(bs), Source(100.0), explain=lambda c, m: "never shown", recorded=lambda: ran)
+    assert ok.verdict is Verdict.PASS and ok.explanation == "attention: FLASH_ATTN_MLA -> TRITON_MLA"

@@ -177,14 +177,15 @@ class CaseRecorder:
 
     def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
                info: dict | None = None, primary: str | None = None, group: str | None = None,
-               explain: Callable | None = None) -> CaseResult:
+               explain: Callable | None = None, recorded: Callable[[], dict] | None = None) -> CaseResult:
         """Measure (measure() returns name -> Metric), compare with the stored baseline, re-measure once
         on a suspected regression, and fail this test with one line if it regressed; `explain`
-        (comparisons, metrics) -> str adds what moved to that line (see RunState.record)."""
+        (comparisons, metrics) -> str adds what moved to that line; `recorded()` says what ran, stored with
+        a baseline and compared with the stored one (see RunState.record)."""
         state = self._state
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
                               measure=measure, info=info, primary=primary, group=group, progress=self.progress,
-                              explain=explain)
+                              explain=explain, recorded=recorded)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:

@@ -7,7 +7,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from moebench import hardware, provenance
-from moebench.baselines.compare import Comparison, Verdict, case_verdict, compare_metric, failing, one_line
+from moebench.baselines.compare import (Comparison, Verdict, case_verdict, compare_metric, failing, one_line,
+                                        recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
@@ -39,7 +40,8 @@ class CaseResult:
     remeasured_from: Measurement | None = None
     note: str = ""
     group: str | None = None
-    explanation: str = ""  # what moved, from the family (decode: the category that grew most)
+    explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
+    recorded: dict = field(default_factory=dict)  # what ran, stored with a baseline (decode: the engine's backends)
 
     def to_json(self) -> dict:
         metrics = {}
@@ -59,6 +61,8 @@ class CaseResult:
         }
         if self.explanation:
             out["explanation"] = self.explanation
+        if self.recorded:
+            out["recorded"] = self.recorded
         if self.primary and self.measurement.metrics.get(self.primary) is not None:
             out["samples"] = list(self.measurement.metrics[self.primary].samples)
         if self.remeasured_from is not None:
@@ -129,9 +133,12 @@ class RunState:
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, group: str | None = None,
                progress: Callable[[str], None] = lambda s: None,
-               explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None) -> CaseResult:
+               explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None,
+               recorded: Callable[[], dict] | None = None) -> CaseResult:
         """Measure, compare, re-measure once on a suspected regression, and keep the result. `explain`
-        (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than PASS/NEW."""
+        (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than PASS/NEW;
+        `recorded()` -> what ran (read after measuring), stored with a baseline and compared with the
+        stored one whatever the verdict."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
             # --baseline-update, written to <family>.json, which the schema then refused on every
@@ -149,9 +156,12 @@ class RunState:
             first = second
         if primary is None:
             primary = next((n for n, mm in first.metrics.items() if mm.gated), next(iter(first.metrics), None))
-        why = explain(comps, first.metrics) if explain and verdict not in (Verdict.PASS, Verdict.NEW) else ""
+        ran = dict(recorded() if recorded else {})
+        entry = self.baselines.entry(family, key)
+        why = [explain(comps, first.metrics) if explain and verdict not in (Verdict.PASS, Verdict.NEW) else "",
+               recorded_changes(entry.recorded, ran) if entry else ""]
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
-                            primary, remeasured_from, note, group, why)
+                            primary, remeasured_from, note, group, "; ".join(w for w in why if w), ran)
         self.results.append(result)
         self.rows.append(self._row(result))
         return result
@@ -212,6 +222,8 @@ class RunState:
                 continue
             out.setdefault(r.family, {})[r.key] = {"definition_hash": r.definition_hash, "metrics": metrics,
                                                    "provenance": prov}
+            if r.recorded:
+                out[r.family][r.key]["recorded"] = r.recorded
         return out
 
     def results_doc(self) -> dict[str, Any]:

@@ -120,3 +120,14 @@ def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
         f"noise {100 * c.noise:.1f}%" if c.noise is not None else "",
     ]
     return ", ".join(p for p in parts if p)
+
+
+def recorded_changes(before: Mapping[str, object], now: Mapping[str, object]) -> str:
+    """What ran differently from the recording, one phrase ("attention: FLASH_ATTN_MLA -> TRITON_MLA"), or
+    "" when nothing that both sides name changed. Lists compare as their ", "-joined text."""
+    def text(v: object) -> str:
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+    parts = [f"{k}: {text(before[k])} -> {text(now[k])}" for k in sorted(set(before) & set(now))
+             if text(before[k]) != text(now[k])]
+    return "; ".join(parts)

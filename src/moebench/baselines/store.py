@@ -81,6 +81,7 @@ class BaselineEntry:
     definition_hash: str
     metrics: dict[str, Metric]
     provenance: dict
+    recorded: dict = field(default_factory=dict)  # what ran when it was recorded (decode: engine's backends)
 
 
 @dataclass
@@ -110,7 +111,7 @@ class BaselineSet:
             return None
         where = str(family_path(self.root, self.hardware_key, family))
         metrics = {n: validate_metric(m, where, f"entries[{key!r}].metrics.{n}") for n, m in raw["metrics"].items()}
-        return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"])
+        return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}))
 
     def fingerprint(self, family: str) -> dict | None:
         """The machine fingerprint recorded in a family's file header."""

@@ -269,6 +269,12 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))
         return metrics
 
+    def engine_used() -> dict:
+        """The backends the engine reported (its log), kept with a baseline: a later run that used others
+        says so in its verdict ("attention: FLASH_ATTN_MLA -> TRITON_MLA")."""
+        ch = info.get("engine_choices") or {}
+        return {k: ch[k] for k in ("moe", "attention") if ch.get(k)}
+
     def explain(comparisons, measured) -> str:
         moved = moved_most(measured, {n: c.baseline for n, c in comparisons.items()})
         return f"moved most: {moved}" if moved else ""
@@ -276,7 +282,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
     failure: EngineError | None = None
     try:
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
-                        group=f"decode {s.model_tag}", explain=explain)
+                        group=f"decode {s.model_tag}", explain=explain, recorded=engine_used)
     except EngineError as e:
         failure = e
     if failure is not None:  # outside the except block: the report shows this message, not a chain

@@ -1,0 +1,63 @@
+"""ci/planted: the vLLM plugin that slows the routed experts on purpose, to prove the decode gate fails.
+Checked here with a stand-in for vllm._custom_ops: the right share of extra Marlin calls, results
+untouched, discoverable as a vLLM general plugin, and inert unless asked for."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+PLANTED = Path(__file__).resolve().parents[1] / "ci" / "planted"
+
+
+@pytest.fixture
+def fake_ops(monkeypatch):
+    calls = []
+
+    def gemm(inp, output, *rest, **kw):
+        calls.append(output)
+        return ("result", inp)
+
+    ops = types.ModuleType("vllm._custom_ops")
+    ops.moe_wna16_marlin_gemm = gemm
+    vllm = types.ModuleType("vllm")
+    vllm._custom_ops = ops
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm._custom_ops", ops)
+    monkeypatch.syspath_prepend(str(PLANTED))
+    monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
+    return ops, calls
+
+
+def test_every_tenth_moe_layer_runs_its_two_gemms_twice_into_scratch(fake_ops, monkeypatch):
+    ops, calls = fake_ops
+    monkeypatch.setenv("MOEBENCH_PLANT_EXPERTS", "0.10")
+    importlib.import_module("moebench_planted").register()
+    outs = [ops.moe_wna16_marlin_gemm(f"x{i}", f"buf{i}", "w") for i in range(120)]  # 60 layers x 2 GEMMs
+    assert outs == [("result", f"x{i}") for i in range(120)]  # every layer's result as before
+    assert len(calls) == 120 + 12  # 6 of 60 layers (10%) twice
+    assert calls.count(None) == 12  # the extra calls write to a fresh scratch output
+    importlib.import_module("moebench_planted").register()  # loaded twice: still one wrapper
+    ops.moe_wna16_marlin_gemm("y", "b", "w")
+    assert len(calls) == 134
+
+
+def test_unset_it_does_nothing(fake_ops, monkeypatch):
+    ops, calls = fake_ops
+    monkeypatch.delenv("MOEBENCH_PLANT_EXPERTS", raising=False)
+    before = ops.moe_wna16_marlin_gemm
+    importlib.import_module("moebench_planted").register()
+    assert ops.moe_wna16_marlin_gemm is before
+
+
+def test_it_is_a_vllm_general_plugin_on_pythonpath():
+    found = metadata.entry_points(group="vllm.general_plugins")
+    assert "moebench_planted" not in {e.name for e in found}  # never active without the path
+    dist = metadata.PathDistribution(PLANTED / "moebench_planted-0.1.dist-info")
+    [ep] = [e for e in dist.entry_points if e.group == "vllm.general_plugins"]
+    assert ep.value == "moebench_planted:register"
