@@ -1,5 +1,6 @@
 """The decode breakdown: trace parsing, the kernel category map, per-step figures, and the category gate,
-on a small committed trace (tests/data/decode-trace-small.json: 3 complete annotated steps, a 4th cut by
+on a small committed trace in the format vLLM 0.21's profiler writes (tests/data/decode-trace-small.json:
+3 complete decode steps named as vLLM's worker names them, an empty step between two of them, a 5th cut by
 the profiler's stop, one kernel launched before the first step, the sampler inside its annotation)."""
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _steps(events=None):
 
 def test_complete_annotated_steps_only_and_launch_attribution():
     steps = _steps()
-    assert steps.count == 3 and steps.source == "annotations"  # the 4th (cut) step is left out
+    assert steps.count == 3 and steps.source == "annotations"  # the empty and the cut step are left out
     names = [k.name for ks in steps.kernels for k in ks]
     assert not any(n.startswith("void at::native::reduce_kernel<...>") for n in names)  # launched before step 0
     assert all(len(ks) == 15 for ks in steps.kernels)
@@ -103,6 +104,15 @@ def test_a_ten_percent_slower_expert_kernel_regresses_that_category_and_is_named
             e["dur"] *= 1.03 / 1.10
     drift = breakdown_metrics(breakdown(_steps(events)), 0.2, GATED, 0.05)
     assert compare_metric(drift["step_routed_experts_ms"], base["step_routed_experts_ms"]).verdict is Verdict.PASS
+
+
+def test_forward_annotations_serve_when_the_worker_step_names_are_absent():
+    events = [e for e in load_events(FIXTURE) if not str(e.get("name", "")).startswith("execute_context_")]
+    steps = split_steps(events)
+    # 4 forwards annotated (the empty step has none): 3 complete, and the empty step's kernel now falls
+    # into the step before it
+    assert steps.count == 3 and steps.source == "annotations"
+    assert sum(k.dur for k in steps.kernels[1]) == pytest.approx(sum(EXPECTED_US.values()) + 50.0)
 
 
 def test_without_annotations_the_window_is_divided_by_the_steps_run_and_nothing_gates():

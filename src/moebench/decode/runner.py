@@ -134,9 +134,9 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
                 msg = f"trial {i}: wrong output: {wrong}"
                 raise EngineError(msg, engine.log)
             trials.append(t)
-            itl = t.itls_s()
+            rates = t.window_rates_s()
             progress(f"trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
-                     f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(itl) * 1e3 if itl else float('nan'):.3f} ms/token")
+                     f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(rates) * 1e3 if rates else float('nan'):.3f} ms/token")
         if s.profile_steps and isinstance(engine, InProcessEngine):
             progress(f"profiled trial: {s.profile_steps} decode steps (apart from the timed trials)")
             engine.profile(total, commands.prompt_ids(case, total, vocab or 32000), s.profile_steps,

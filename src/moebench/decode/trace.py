@@ -6,12 +6,14 @@ The trace is the Chrome-trace JSON (optionally gzipped) that torch.profiler writ
   and `args.correlation`, the id of the host call that launched it);
 - host launches: `cuda_runtime` / `cuda_driver` events carrying the same `correlation` (a kernel run
   inside a CUDA graph correlates to the graph's `cudaGraphLaunch`);
-- step boundaries: the engine's own `user_annotation` ranges, `gpu_model_runner: forward` once per step
-  in vLLM, and `gpu_model_runner: sample` around the sampler.
+- step boundaries: the engine's own `user_annotation` ranges. vLLM's worker names every step it runs
+  under the profiler `execute_context_C(c)_generation_G(g)` (C prefill requests of c tokens, G decode
+  requests); only decode-only steps (C = 0, G >= 1) count. With VLLM_CUSTOM_SCOPES_FOR_PROFILING=1 it
+  also marks `gpu_model_runner: forward` and `gpu_model_runner: sample` (the sampler's kernels).
 
-A kernel belongs to the step during whose host interval it was launched (from one forward's start to
-the next's). Steps are counted only when complete: the last annotated step can be cut by the stop of
-the profiler, so it is left out.
+A kernel belongs to the step during whose host interval it was launched (from one step's start to the
+next's, so the sampler launched after the forward counts with its step). Steps are counted only when
+complete: the last annotated step can be cut by the stop of the profiler, so it is left out.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from __future__ import annotations
 import bisect
 import gzip
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
-STEP_ANNOTATION = "gpu_model_runner: forward"
+DECODE_STEP = re.compile(r"^execute_context_0\(0\)_generation_([1-9]\d*)\(\d+\)$")
+STEP_ANNOTATION = "gpu_model_runner: forward"  # the fallback when the worker's step names are absent
 SAMPLE_ANNOTATION = "gpu_model_runner: sample"
 
 
@@ -85,8 +89,14 @@ def split_steps(events: list[dict], assumed_steps: int | None = None, where: str
     gpu = [e for e in events if e.get("cat") in GPU_CATEGORIES]
     if not gpu:
         raise TraceError(f"{where}: no GPU kernel in the trace (was CUDA activity profiled?)")
-    starts = sorted(float(e["ts"]) for e in events
-                    if e.get("cat") == "user_annotation" and e.get("name") == STEP_ANNOTATION)
+    # Every step the worker annotated, decode-only or not: a prefill or empty step between two decode
+    # steps ends the first, and its own kernels belong to no decode step.
+    annotations = [e for e in events if e.get("cat") == "user_annotation"]
+    bounds = sorted((float(e["ts"]), bool(DECODE_STEP.match(str(e.get("name", ""))))) for e in annotations
+                    if str(e.get("name", "")).startswith("execute_context_"))
+    if sum(d for _, d in bounds) < 2:
+        bounds = sorted((float(e["ts"]), True) for e in annotations if e.get("name") == STEP_ANNOTATION)
+    starts = [t for t, _ in bounds]
     samplers = sorted(_span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == SAMPLE_ANNOTATION)
     launch_ts = {}
     for e in events:
@@ -105,21 +115,26 @@ def split_steps(events: list[dict], assumed_steps: int | None = None, where: str
         ts, dur = _span(e)
         return Kernel(str(e.get("name", "")), ts, dur, str(e["cat"]), in_sampler(launched))
 
-    if len(starts) >= 2:
-        per_step: list[list[Kernel]] = [[] for _ in range(len(starts) - 1)]
+    decode_index = {}  # position in `bounds` -> decode step number, the last (maybe cut) step left out
+    for j, (_, is_decode) in enumerate(bounds[:-1]):
+        if is_decode:
+            decode_index[j] = len(decode_index)
+    if decode_index:
+        per_step: list[list[Kernel]] = [[] for _ in decode_index]
         for e in gpu:
             t = launch_ts.get((e.get("args") or {}).get("correlation"))
             if t is None:
                 continue
-            i = bisect.bisect_right(starts, t) - 1
-            if 0 <= i < len(per_step):
-                per_step[i].append(kernel(e, t))
+            j = bisect.bisect_right(starts, t) - 1
+            if j in decode_index:
+                per_step[decode_index[j]].append(kernel(e, t))
         if any(per_step):
             for ks in per_step:
                 ks.sort(key=lambda k: k.ts)
             return Steps(per_step, "annotations")
     if not assumed_steps:
-        raise TraceError(f"{where}: no '{STEP_ANNOTATION}' annotations to find the steps by, and no step count given")
+        raise TraceError(f"{where}: no step annotations (execute_context_0(0)_generation_N) to find the steps by, "
+                         "and no step count given")
     pool = sorted((kernel(e, launch_ts.get((e.get("args") or {}).get("correlation"))) for e in gpu), key=lambda k: k.ts)
     # One pool spread evenly: per-step figures are then window averages, and their spread is unknown.
     return Steps([pool] + [[] for _ in range(assumed_steps - 1)], f"assumed {assumed_steps} steps")
