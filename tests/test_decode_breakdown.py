@@ -56,6 +56,18 @@ def test_category_map(name, want):
     assert category(Kernel(name, 0, 1, "kernel")) == want
 
 
+def test_the_category_of_every_kernel_of_a_real_h200_decode_step():
+    # the distinct kernels of the Kimi-K2.5 INT4 rank's profiled window on an H200 (vLLM 0.21), each
+    # with the category a reviewer gave it: a rule change that moves one of them fails here
+    doc = json.loads((Path(__file__).parent / "data" / "h200-vllm-0.21-kimi-int4-kernels.json").read_text())
+    wrong = [(k["name"][:60], category(Kernel(k["name"], 0, 1, k["kind"], k["in_sampler"])), k["category"])
+             for k in doc["kernels"] if category(Kernel(k["name"], 0, 1, k["kind"], k["in_sampler"])) != k["category"]]
+    assert wrong == []
+    cats = {k["category"] for k in doc["kernels"]}
+    assert cats == {"routed_experts", "router_topk_align", "attention", "dense_gemms", "norms_elementwise",
+                    "sampling", "other"}
+
+
 def test_sampler_annotation_and_memcpy_override_the_name():
     assert category(Kernel("void at::native::reduce_kernel<ArgMaxOps>", 0, 1, "kernel", in_sampler=True)) == "sampling"
     assert category(Kernel("void at::native::reduce_kernel<ArgMaxOps>", 0, 1, "kernel")) == "norms_elementwise"

@@ -129,9 +129,14 @@ def test_floor_of_the_kimi_int4_rank_counts_only_the_routed_experts_as_int4():
     assert wb.routed_experts == pytest.approx((layers - 1) * 8 * 3 * h * i * 0.5625)  # 1.486 GB
     assert wb.shared_experts == pytest.approx((layers - 1) * 3 * h * i * 2)  # bf16
     assert wb.dense_mlp == pytest.approx(3 * h * 2304 * 2)
-    cats = wb.by_category()
-    assert sum(cats.values()) == pytest.approx(wb.total)
-    assert cats["routed_experts"] == pytest.approx(1.486e9, rel=1e-3) and cats["attention"] == pytest.approx(3.16e9, rel=1e-3)
+    kv = floor.kv_cache_bytes(cfg, 128)
+    assert kv == 61 * (512 + 64) * 2 * 128
+    cats = wb.by_category(kv)
+    assert sum(cats.values()) == pytest.approx(wb.total + kv)
+    assert cats["routed_experts"] == pytest.approx(1.486e9, rel=1e-3) and cats["router_topk_align"] == wb.router
+    # MLA's projections are GEMMs: their 3.16 GB count where the GEMM kernels run, not under attention
+    assert cats["dense_gemms"] == pytest.approx(wb.attention + wb.dense_mlp + wb.shared_experts + wb.head)
+    assert wb.attention == pytest.approx(3.16e9, rel=1e-3) and cats["attention"] == kv
 
 
 def test_a_config_quantization_the_floor_cannot_count_is_named():

@@ -6,8 +6,12 @@ names also contain "gemm") come before the generic ones. Kernels launched inside
 annotation are `sampling` whatever their names. A name nothing matches is `other`, and the breakdown
 lists the largest of those so that a new kernel gets a rule instead of hiding there.
 
-Known limits: the router's gate projection is a plain GEMM (cuBLAS / nvjet) and is counted under
-`dense_gemms`; the shared expert's GEMMs too.
+Known limits: the shared expert's GEMMs are plain GEMMs and count as `dense_gemms`, its activation as
+`norms_elementwise` (Inductor fuses it); a router gate run as a plain GEMM (vLLM's DeepSeek models use
+`router_gemm_kernel`, matched by name) would count as `dense_gemms` too.
+
+The rules are part of what a breakdown metric means: MAP_VERSION goes into the decode case definition,
+so a change here makes stored category baselines STALE instead of reading as a regression.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ from __future__ import annotations
 import re
 
 from moebench.decode.trace import Kernel
+
+# 2: the experts' activation (act_and_mul) and top-k combine (torch.sum) moved to routed_experts.
+MAP_VERSION = 2
 
 # Display order: the table, the results and the "moved most" line use these names.
 CATEGORIES = ("routed_experts", "router_topk_align", "attention", "dense_gemms", "norms_elementwise",
@@ -31,10 +38,13 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cat, re.compile(pat, re.
     # routing: top-k selection, the grouped / biased top-k of DeepSeek routers, token sorting by expert
     ("router_topk_align", r"topk|top_k|moe_align|align_block|count_and_sort|sort_and_count|grouped_topk|noaux"
                           r"|gating|router"),
-    # the routed experts' GEMMs and their combine (Marlin MoE, vLLM's Triton fused_moe, moe_wna16, CUTLASS
-    # and FlashInfer MoE, moebench's own Triton kernels, the top-k weighted sum)
+    # the routed experts: their GEMMs (Marlin MoE, vLLM's Triton fused_moe, moe_wna16, CUTLASS and FlashInfer
+    # MoE, moebench's own Triton kernels), the activation between them and the top-k combine. vLLM calls its
+    # act_and_mul kernel explicitly only inside the MoE experts (dense and shared MLPs are compiled by
+    # Inductor into triton_poi kernels), and its Marlin path combines with torch.sum (at::native
+    # reduce_kernel with sum_functor, once per MoE layer in the H200 trace of the INT4 rank).
     ("routed_experts", r"marlin_moe|moe_wna16|fused_moe|moe_gemm|cutlass_moe|flashinfer.*moe|moe_sum|moebench"
-                       r"|grouped_mm|_moe_kernel|expert"),
+                       r"|grouped_mm|_moe_kernel|expert|act_and_mul|reduce_kernel.*sum_functor"),
     ("attention", r"flash|fmha|mla|attn|attention|concat_and_cache|reshape_and_cache|rotary|rope|merge_states"
                   r"|indexer|paged"),
     ("dense_gemms", r"gemm|gemv|nvjet|cutlass|xmma|cublas|wgmma|matmul|marlin|sm90_|sm100_|splitk|dsv3|Kernel2"),

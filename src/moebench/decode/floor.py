@@ -53,11 +53,21 @@ class WeightBytes:
         """The fastest ms/token this many bytes allow at the given memory ceiling."""
         return 1e3 * self.total / ceiling_bytes_per_s
 
-    def by_category(self) -> dict[str, float]:
-        """Bytes per step for the breakdown's categories (moebench.decode.categories): the router's gate
-        and the shared experts run as plain GEMMs, so they count with the dense GEMMs and the LM head."""
-        return {"routed_experts": self.routed_experts, "attention": self.attention,
-                "dense_gemms": self.dense_mlp + self.router + self.shared_experts + self.head}
+    def by_category(self, kv_cache: float = 0.0) -> dict[str, float]:
+        """Bytes per step for the breakdown's categories (moebench.decode.categories), by which kernels
+        read them: MLA's projections, the dense and shared MLPs and the LM head are GEMMs (dense_gemms);
+        the router's gate is read by the router kernel; the attention kernels read only the KV cache
+        (`kv_cache` bytes, see kv_cache_bytes)."""
+        return {"routed_experts": self.routed_experts, "router_topk_align": self.router,
+                "dense_gemms": self.attention + self.dense_mlp + self.shared_experts + self.head,
+                "attention": kv_cache}
+
+
+def kv_cache_bytes(config: Mapping[str, Any], context_tokens: float, dtype: str = "bfloat16") -> float:
+    """Bytes the attention of one decode step reads from an MLA KV cache of `context_tokens` tokens:
+    every layer's compressed latent and rope key (kv_lora_rank + qk_rope_head_dim) per token."""
+    per_token = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    return config["num_hidden_layers"] * per_token * DTYPE_BYTES[dtype] * context_tokens
 
 
 def _mla_params(c: Mapping[str, Any]) -> int:

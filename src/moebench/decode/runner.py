@@ -209,7 +209,10 @@ def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callabl
                      "head": round(wb.head), "ceiling_GBps": round(bw / 1e9, 1), "device": device}
     out = {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
            "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
-    for cat, nbytes in wb.by_category().items():
+    # the attention reads the KV cache: the mean context over a trial's decode steps
+    kv = floor.kv_cache_bytes(models.read_config(s.model_dir), s.prompt_tokens + s.output_tokens / 2, s.dtype)
+    info["floor"]["kv_cache_mean"] = round(kv)
+    for cat, nbytes in wb.by_category(kv).items():
         m = metrics.get(f"step_{cat}_ms")
         if m is not None and m.value > 0:
             out[f"pct_of_floor_{cat}"] = Metric(100.0 * 1e3 * nbytes / bw / m.value, "%", "higher", gated=False)

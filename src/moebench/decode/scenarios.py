@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from moebench.decode import models
-from moebench.decode.categories import CATEGORIES
+from moebench.decode.categories import CATEGORIES, MAP_VERSION
 from moebench.decode.stats import STEADY_WINDOW
 
 ENGINES = ("vllm", "vllm-server", "sglang-server")
@@ -206,6 +206,8 @@ class DecodeCase:
             "prefix_caching": False, "gpu_memory_utilization": s.gpu_memory_fraction,
             # how ms_per_token is read from the timeline (a changed rule makes stored entries STALE)
             "steady_state": f"median of {STEADY_WINDOW}-token windows",
+            # what the gated breakdown categories mean (only where they are measured and gated)
+            **({"breakdown_map": MAP_VERSION} if s.gate_categories and self.engine_kind == "vllm" else {}),
             "server_args": list(s.server_args), "engine_kwargs": dict(s.engine_kwargs), "env": dict(s.env),
         }
 
