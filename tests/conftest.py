@@ -183,8 +183,9 @@ class FakeBench:
         p = self.path / "calls.txt"
         return collections.Counter(p.read_text().split()) if p.exists() else collections.Counter()
 
-    def run(self, *args: str, env: dict | None = None) -> pytest.RunResult:
-        """One pytest subprocess over the fake cases; calls.txt starts empty."""
+    def run(self, *args: str, env: dict | None = None, other_hardware: bool = True) -> pytest.RunResult:
+        """One pytest subprocess over the fake cases; calls.txt starts empty. HW is not this machine's
+        detected key, so writing baselines under it needs --baseline-other-hardware (other_hardware)."""
         (self.path / "calls.txt").unlink(missing_ok=True)
         (self.path / "control.json").write_text(json.dumps(self.control))
         with self.monkeypatch.context() as mp:
@@ -192,6 +193,7 @@ class FakeBench:
                 mp.setenv(k, v)
             return self.pytester.runpytest_subprocess(
                 *UNRELATED_PLUGINS, "-p", "moebench.plugin", "--hardware-key", HW,
+                *(["--baseline-other-hardware"] if other_hardware else []),
                 "--baseline-dir", str(self.baselines), "-rfEs", *args, timeout=120)
 
 

@@ -1,5 +1,6 @@
 """Baseline file validation: a valid file loads, and every malformed variant stops with a BaselineError
-whose message is one line naming the file and the dotted path of the field at fault.
+whose message is one line naming the file and the dotted path of the field at fault; a file with several
+problems gets all of them in one message, one line each.
 
 Files are loaded the way a run loads them (BaselineSet.load of <root>/<hardware-key>/<family>.json), so
 the folder/hardware-key and file-name/family checks are part of what is tested.
@@ -73,6 +74,12 @@ MALFORMED = [
     ("value a string", _set("100", *LAT, "value"), f"{A}.metrics.latency_us.value"),
     ("value a boolean", _set(True, *LAT, "value"), f"{A}.metrics.latency_us.value"),
     ("negative rel_tol", _set(-0.1, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
+    # Physically impossible values used to load, then gated as "delta -4074.8%, tolerance 700%".
+    ("negative time", _set(-4.0, *LAT, "value"), f"{A}.metrics.latency_us.value"),
+    ("zero time", _set(0.0, *LAT, "value"), f"{A}.metrics.latency_us.value"),
+    ("rel_tol 7 (700%)", _set(7, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
+    ("rel_tol 0", _set(0.0, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
+    ("empty unit", _set("", *LAT, "unit"), f"{A}.metrics.latency_us.unit"),
     ("no metrics", _set({}, "entries", "fake[a]", "metrics"), f"{A}.metrics"),
     ("no definition_hash", _del("entries", "fake[a]", "definition_hash"), f"{A}.definition_hash"),
     ("wrong schema_version", _set(2, "schema_version"), "schema_version"),
@@ -86,6 +93,7 @@ MALFORMED = [
     ("unknown provenance kind", _set("guessed", *PROV_B, "kind"), f"{B}.provenance.kind"),
     ("provenance without date", _del(*PROV_B, "date"), f"{B}.provenance.date"),
     ("hardware_key not the folder's", _set("nvidia-h200-x8", "hardware_key"), "hardware_key"),
+    ("hardware_key not a slug", _set("../../tmp/evil", "hardware_key"), "hardware_key"),
     ("family not the file's", _set("decode", "family"), "family"),
     ("entries not an object", _set([], "entries"), "entries"),
     ("fingerprint missing", _del("fingerprint"), "fingerprint"),
@@ -108,6 +116,27 @@ def test_malformed_file_names_file_and_field(tmp_path, valid_doc, mutate, field)
     with pytest.raises(BaselineError) as e:
         BaselineSet.load(tmp_path, HW)
     _assert_one_line(e.value, path, field)
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path, valid_doc):
+    # Only the first problem used to be shown: a reviewer fixed one field per run.
+    lat_a = valid_doc["entries"]["fake[a]"]["metrics"]["latency_us"]
+    lat_a["value"], lat_a["rel_tol"] = -4.0, 7
+    valid_doc["entries"]["fake[b]"]["metrics"]["tokens_per_s"]["noise"] = -0.5
+    del valid_doc["entries"]["fake[b]"]["provenance"]["source"]
+    valid_doc["family"] = "nope"
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    with pytest.raises(BaselineError) as e:
+        BaselineSet.load(tmp_path, HW)
+    head, *lines = str(e.value).splitlines()
+    assert head == f"{path}: 5 errors"
+    fields = [f"{A}.metrics.latency_us.value", f"{A}.metrics.latency_us.rel_tol", f"{B}.metrics.tokens_per_s.noise",
+              f"{B}.provenance.source", "family"]
+    assert len(lines) == len(fields)
+    for field in fields:
+        assert [l for l in lines if l.startswith(f"  {path}: {field}: ")], f"no line names {field}: {lines}"
 
 
 def test_bad_json_names_line_and_column(tmp_path):

@@ -1,14 +1,18 @@
 """Baseline storage: atomic writes (an interrupt leaves the old bytes and no temporary file), file modes,
-stable formatting (an update rewrites only the updated entry's bytes), merging rules, and the update
-writer's "no change" path.
+stable formatting (an update rewrites only the updated entry's bytes), merging rules, the update
+writer's "no change" path, hardware keys as folder names, and the lock that makes concurrent updates of
+one file merge.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import copy
+import fcntl
 import io
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,9 @@ from moebench.baselines.store import (
     check_writable,
     dumps,
     family_path,
+    key_folder,
     load_file,
+    locked,
     merge_entries,
     new_document,
     other_hardware_entries,
@@ -243,8 +249,8 @@ def _state(root: Path) -> RunState:
                     strict=False, update=True, baselines=BaselineSet.load(root, HW), key_forced=True)
 
 
-def _record(state: RunState, value: float) -> None:
-    state.record(nodeid="t::x", key="fake[a]", family="gemm", definition={"a": 1},
+def _record(state: RunState, value: float, key: str = "fake[a]") -> None:
+    state.record(nodeid="t::x", key=key, family="gemm", definition={"a": 1},
                  measure=lambda: {"latency_us": Metric.from_samples([value] * 3, "us", "lower"),
                                   "info": Metric(1.0, "x", "higher", gated=False)})
 
@@ -269,3 +275,95 @@ def test_write_updates_writes_then_reports_no_change(tmp_path):
     lines = write_updates(proposed, propose_dir=str(tmp_path / "proposal"))
     assert lines[0].startswith(f"moebench: proposed {family_path(tmp_path / 'proposal', HW, 'gemm')}")
     assert path.read_text() == text, "proposing must not touch the baseline folder"
+
+
+def test_update_refuses_a_value_the_schema_would_refuse(tmp_path):
+    # Written, such a file stopped every later run at load time; now nothing is written.
+    state = _state(tmp_path)
+    state.record(nodeid="t::x", key="fake[a]", family="gemm", definition={"a": 1},
+                 measure=lambda: {"latency_us": Metric(0.0, "us", "lower")})
+    with pytest.raises(BaselineError, match=r"entries\['fake\[a\]'\]\.metrics\.latency_us\.value: must be .* > 0"):
+        write_updates(state)
+    assert not family_path(tmp_path, HW, "gemm").exists()
+
+
+# --- hardware keys name folders -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["../../tmp/evil", "Weird Key!", "nvidia-h200-x1/..", "", "a--b", "-a", "a.b"])
+def test_a_key_that_is_not_a_slug_names_no_folder(tmp_path, key):
+    with pytest.raises(BaselineError, match="is not a hardware key"):
+        family_path(tmp_path, key, "gemm")
+    with pytest.raises(BaselineError, match="is not a hardware key"):
+        BaselineSet.load(tmp_path, key)
+
+
+def test_detected_style_keys_are_slugs(tmp_path):
+    for key in ("nvidia-h200-x1", "cpu-intel-r-xeon-r-processor-2c", "mixed-a-b-x2"):
+        assert key_folder(tmp_path, key) == tmp_path / key
+
+
+# --- the lock: concurrent updates merge ------------------------------------------------------------------
+
+def test_lock_is_exclusive_and_leaves_no_file(tmp_path):
+    path = tmp_path / "hw" / "gemm.json"
+    lock = path.parent / ".gemm.json.lock"
+    with locked(path):
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        finally:
+            os.close(fd)
+    assert os.listdir(path.parent) == [], "the lock file is removed on release"
+    with locked(path):  # and it can be taken again
+        pass
+
+
+def test_runs_that_loaded_the_file_before_either_wrote_keep_both_entries(tmp_path):
+    # Two --baseline-update runs on one folder: each loaded the file at its start (the barrier makes
+    # sure both did before either writes). The later write used to keep only its own entries.
+    seed = _state(tmp_path)
+    _record(seed, 50.0, "fake[z]")
+    write_updates(seed)
+    barrier = threading.Barrier(2, timeout=60)
+
+    def run(key: str, value: float) -> list[str]:
+        state = _state(tmp_path)
+        _record(state, value, key)
+        barrier.wait()
+        return write_updates(state)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        lines = [f.result() for f in [pool.submit(run, "fake[a]", 100.0), pool.submit(run, "fake[b]", 200.0)]]
+    path = family_path(tmp_path, HW, "gemm")
+    assert [l[0] for l in lines] == [f"moebench: updated {path} (1 change)"] * 2
+    doc = load_file(path, hardware_key=HW, family="gemm")
+    assert {k: e["metrics"]["latency_us"]["value"] for k, e in doc["entries"].items()} == \
+        {"fake[a]": 100.0, "fake[b]": 200.0, "fake[z]": 50.0}
+    assert sorted(os.listdir(path.parent)) == ["gemm.json"]
+
+
+def test_an_update_waits_for_the_lock_and_merges_what_the_holder_wrote(tmp_path):
+    # Run A holds the lock and is writing when run B starts its update: B reads the file only once it
+    # holds the lock, so it merges A's entry whenever it started.
+    b = _state(tmp_path)
+    _record(b, 200.0, "fake[b]")
+    a = _state(tmp_path)
+    _record(a, 100.0, "fake[a]")
+    path = family_path(tmp_path, HW, "gemm")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with locked(path):
+            fb = pool.submit(write_updates, b)
+            doc, _ = merge_entries(None, HW, "gemm", a.fingerprint, NOW, a.entries_by_family()["gemm"])
+            atomic_write_text(path, dumps(doc))
+        fb.result()
+    doc = load_file(path, hardware_key=HW, family="gemm")
+    assert sorted(doc["entries"]) == ["fake[a]", "fake[b]"]
+
+
+def test_a_lock_held_too_long_is_one_line_not_an_endless_wait(tmp_path):
+    path = tmp_path / "hw" / "gemm.json"
+    with locked(path):
+        with pytest.raises(BaselineError, match=r"\.gemm\.json\.lock: another run has held this lock too long"):
+            with locked(path, timeout_s=0):
+                pass

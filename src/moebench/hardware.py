@@ -180,6 +180,19 @@ def fingerprint() -> dict[str, Any]:
     return fp
 
 
+# A hardware key names a folder under the baseline root, so it is a plain slug: words of lowercase letters
+# and digits joined by single '-', which is all hardware_key() produces. No '.', '/', spaces or capitals:
+# '..' or '/' would point outside the baseline folder, and a second spelling of one machine ('H200',
+# 'h200 ') would split its baselines between folders.
+_KEY = re.compile(r"[a-z0-9]+(?:-[a-z0-9]+)*")
+KEY_RULE = "lowercase letters and digits joined by single '-', like nvidia-h200-x1"
+
+
+def is_key(key: object) -> bool:
+    """Whether `key` may be used as a hardware key (see KEY_RULE)."""
+    return isinstance(key, str) and _KEY.fullmatch(key) is not None
+
+
 def hardware_key(fp: dict[str, Any] | None = None) -> str:
     """Normalized GPU name and visible count ('nvidia-h200-x2'); on a CPU box 'cpu-<model>-<n>c'."""
     fp = fp if fp is not None else fingerprint()

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from pathlib import Path
 from typing import Callable, Mapping
 
 import pytest
 
-from moebench import hardware, report
+from moebench import hardware, interrupts, report
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
@@ -22,6 +23,7 @@ from moebench.session import CaseResult, Row, RunState
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
+_WARNINGS = pytest.StashKey[list]()  # shown at the start and again in the closing lines
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -40,7 +42,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--summary-md", metavar="PATH", default=None,
                 help="write the closing verdict table as markdown here (also appended to $GITHUB_STEP_SUMMARY)")
     g.addoption("--hardware-key", metavar="KEY", default=None,
-                help="use this hardware key instead of the one detected through NVML")
+                help="use this hardware key instead of the one detected through NVML (a slug: lowercase "
+                     "letters and digits joined by single '-', like nvidia-h200-x1)")
+    g.addoption("--baseline-other-hardware", action="store_true",
+                help="let --baseline-update / --baseline-propose write under a --hardware-key that is not this "
+                     "machine's; without it they write only the detected hardware's files")
     from moebench.decode.options import add_decode_options
 
     add_decode_options(g)
@@ -62,7 +68,8 @@ def marker_names_in(expr: str) -> set[str]:
     return names - {"and", "or", "not", "True", "False", "None"}
 
 
-def pytest_sessionstart(session: pytest.Session) -> None:
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session: pytest.Session):
     # Checked here, not in pytest_configure: pytest's own markers (skip, xfail, parametrize, ...) and
     # plugins' (pytest-benchmark's `benchmark`) are registered by their pytest_configure hooks, which ran
     # after this plugin's, so `-m "not xfail"` used to be refused as an unknown marker.
@@ -72,21 +79,61 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     if unknown:
         raise pytest.UsageError(f"-m {markexpr!r}: unknown marker {', '.join(map(repr, unknown))} "
                                 f"(known: {', '.join(sorted(_registered_markers(config)))})")
+    yield
+    # After the yield: below the terminal reporter's header, where a reader starts.
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    if tr is not None:
+        for line in config.stash.get(_WARNINGS, []):
+            tr.write_line(line, yellow=True, bold=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    try:
+        _configure(config)
+    except KeyboardInterrupt:
+        # pytest prints nothing for an interrupt this early (its terminal reporter is not set up yet).
+        sys.stderr.write("moebench: interrupted while starting: nothing was measured or written\n")
+        raise
+
+
+def _configure(config: pytest.Config) -> None:
     root = Path(config.getoption("baseline_dir"))
     if not root.is_absolute():
         root = Path(config.rootpath) / root
-    fp = hardware.fingerprint()
+    update, propose = config.getoption("baseline_update"), config.getoption("baseline_propose")
+    strict = config.getoption("baseline_strict")
+    if update and propose:
+        raise pytest.UsageError("moebench: --baseline-update and --baseline-propose DIR: choose one (update rewrites "
+                                "the files under --baseline-dir, propose writes copies under DIR)")
     forced = config.getoption("hardware_key")
-    key = forced or hardware.hardware_key(fp)
+    if forced is not None and not hardware.is_key(forced):
+        raise pytest.UsageError(f"moebench: --hardware-key {forced!r}: not a hardware key ({hardware.KEY_RULE})")
+    fp = hardware.fingerprint()
+    detected = hardware.hardware_key(fp)
+    key = forced or detected
+    warnings = []
+    if (update or propose) and key != detected:
+        # Numbers measured here, filed under another machine's key, were the committed H200 baselines
+        # overwritten with CPU numbers. Allowed only when asked for, and then said at start and end.
+        what = "--baseline-update" if update else "--baseline-propose"
+        if not config.getoption("baseline_other_hardware"):
+            raise pytest.UsageError(f"moebench: --hardware-key {key}: {what} writes only this machine's baselines "
+                                    f"({detected}); add --baseline-other-hardware to write under {key}")
+        warnings.append(f"moebench: WARNING: --baseline-other-hardware: {what} files numbers measured on {detected} "
+                        f"under {key}")
+    if not root.is_dir():
+        # A typo (--baseline-dir baseline) used to make every case NEW without a word.
+        problem = f"--baseline-dir {root}: {'not a folder' if root.exists() else 'no such folder'}"
+        if strict:
+            raise pytest.UsageError(f"moebench: {problem} (--baseline-strict: every case would be NEW)")
+        warnings.append(f"moebench: WARNING: {problem}: every case is NEW"
+                        + (" (--baseline-update creates it)" if update else ""))
     try:
         baselines = BaselineSet.load(root, key)
-        if config.getoption("baseline_update") and not config.getoption("baseline_propose"):
+        if update:
             check_writable(root / key)
-        if config.getoption("baseline_propose"):
-            check_writable(Path(config.getoption("baseline_propose")))
+        if propose:
+            check_writable(Path(propose))
         # Checked now, not after an hour of measuring: an unwritable report path used to surface only
         # at session end, as an INTERNALERROR traceback after every measurement was taken.
         for opt in ("results_json", "summary_md"):
@@ -97,11 +144,10 @@ def pytest_configure(config: pytest.Config) -> None:
                     raise BaselineError(f"--{opt.replace('_', '-')} {out}: is a folder, not a file")
     except BaselineError as e:
         raise pytest.UsageError(f"moebench: {e}") from None
-    config.stash[STATE] = RunState(baseline_dir=root, hardware_key=key, fingerprint=fp,
-                                   strict=config.getoption("baseline_strict"),
-                                   update=config.getoption("baseline_update"), baselines=baselines,
-                                   key_forced=bool(forced))
+    config.stash[STATE] = RunState(baseline_dir=root, hardware_key=key, fingerprint=fp, strict=strict,
+                                   update=update, baselines=baselines, key_forced=forced is not None)
     config.stash[_UPDATE_LINES] = []
+    config.stash[_WARNINGS] = warnings
     config.pluginmanager.register(_TestOutcomes(config.stash[STATE]), "moebench-outcomes")
 
 
@@ -257,20 +303,37 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if state is None:
         return
     lines = config.stash[_UPDATE_LINES]
-    if (config.getoption("baseline_update") or config.getoption("baseline_propose")) and \
-            exitstatus == pytest.ExitCode.INTERRUPTED:
+    # Ctrl-C is held while files are written (a few small files, under locks held for moments), so that
+    # an interrupt here leaves every baseline and report file whole and the set of them complete, and
+    # says so in one line instead of a traceback.
+    ctrl_c = interrupts.CtrlC()
+    with ctrl_c.held():
+        if config.getoption("baseline_update") or config.getoption("baseline_propose"):
+            _write_baselines(session, state, lines, interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
+        _write_reports(session, state, lines)
+    if ctrl_c.received:
+        lines.append("moebench: interrupted while writing files: held until the files above were written in full")
+        session.exitstatus = pytest.ExitCode.INTERRUPTED
+
+
+def _write_baselines(session: pytest.Session, state: RunState, lines: list[str], *, interrupted: bool) -> None:
+    if interrupted:
         # An interrupted update (Ctrl-C, a KeyboardInterrupt from a measurement) used to write the
         # cases measured so far; the files stayed valid, but a half-finished selection landed in the
         # committed baselines. An update is all of the selected cases or nothing.
         lines.append("moebench: run interrupted: baselines NOT written")
-    elif config.getoption("baseline_update") or config.getoption("baseline_propose"):
-        from moebench.baselines.update import write_updates
+        return
+    from moebench.baselines.update import write_updates
 
-        try:
-            lines.extend(write_updates(state, propose_dir=config.getoption("baseline_propose")))
-        except (OSError, BaselineError) as e:
-            lines.append(f"moebench: baselines NOT written: {e}")
-            session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+    try:
+        lines.extend(write_updates(state, propose_dir=session.config.getoption("baseline_propose")))
+    except (OSError, BaselineError) as e:
+        lines.append(f"moebench: baselines NOT written: {e}")
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+
+
+def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -> None:
+    config = session.config
     try:
         if config.getoption("results_json"):
             report.write_json(config.getoption("results_json"), state.results_doc())
@@ -295,3 +358,5 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(report.counts(state.rows))
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)
+    for line in config.stash.get(_WARNINGS, []):
+        terminalreporter.write_line(line, yellow=True, bold=True)

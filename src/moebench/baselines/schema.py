@@ -18,7 +18,11 @@ A file `baselines/<hardware-key>/<family>.json`:
       }
     }
 
-Validation errors name the file and the dotted path of the field, on one line.
+Values must be physically possible: every stored metric is a time or a rate (us, ms, GB/s, tokens/s),
+so its value is > 0; rel_tol is a fraction in (0, 1] (0.05 is 5%); noise >= 0; n >= 1.
+
+Validation reports every problem of a file at once: each on its own line naming the file and the dotted
+path of the entry and field; several problems come as one block under a line that counts them.
 """
 
 from __future__ import annotations
@@ -26,81 +30,132 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from moebench.hardware import KEY_RULE, is_key
 from moebench.metrics import DIRECTIONS, Metric
 
 SCHEMA_VERSION = 1
 FAMILIES = ("gemm", "allreduce", "decode", "selfcheck")
 PROVENANCE_KINDS = ("measured", "external")
+METRIC_FIELDS = ("value", "unit", "direction", "rel_tol", "noise", "n")
 
 
 class BaselineError(ValueError):
-    """A baseline file that cannot be used; the message is one line naming the file and field."""
+    """A baseline file that cannot be used. The message names the file and field: one line for one
+    problem, a block of such lines under a count line for several."""
 
 
-def _need(cond: bool, where: str, field: str, what: str) -> None:
-    if not cond:
-        raise BaselineError(f"{where}: {field}: {what}")
+class _Problems:
+    """The problems found in one file, collected so that a reviewer sees all of them in one pass."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.lines: list[str] = []
+
+    def need(self, cond: bool, field: str, what: str) -> bool:
+        """Record `what` against `field` unless `cond`; returns `cond` so callers can skip dependent checks."""
+        if not cond:
+            self.lines.append(f"{self.where}: {field}: {what}")
+        return cond
+
+    def raise_if_any(self) -> None:
+        if len(self.lines) == 1:
+            raise BaselineError(self.lines[0])
+        if self.lines:
+            raise BaselineError(f"{self.where}: {len(self.lines)} errors\n" + "\n".join(f"  {line}" for line in self.lines))
 
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _check_metric(p: _Problems, m: Any, path: str) -> bool:
+    """Record every problem of one stored metric; True when there is none."""
+    if not p.need(isinstance(m, dict), path, "must be an object"):
+        return False
+    before = len(p.lines)
+    for key in METRIC_FIELDS:
+        p.need(key in m, f"{path}.{key}", "missing")
+    if "value" in m:
+        p.need(_is_number(m["value"]) and m["value"] > 0, f"{path}.value",
+               f"must be a finite number > 0 (a time or a rate), got {m['value']!r}")
+    if "unit" in m:
+        p.need(isinstance(m["unit"], str) and bool(m["unit"]), f"{path}.unit", "must be a non-empty string")
+    if "direction" in m:
+        p.need(m["direction"] in DIRECTIONS, f"{path}.direction",
+               f"must be 'lower' or 'higher', got {m['direction']!r}")
+    if "rel_tol" in m:
+        p.need(_is_number(m["rel_tol"]) and 0 < m["rel_tol"] <= 1, f"{path}.rel_tol",
+               f"must be a fraction in (0, 1] (0.05 is 5%), got {m['rel_tol']!r}")
+    if "noise" in m:
+        p.need(_is_number(m["noise"]) and m["noise"] >= 0, f"{path}.noise",
+               f"must be a number >= 0, got {m['noise']!r}")
+    if "n" in m:
+        p.need(isinstance(m["n"], int) and not isinstance(m["n"], bool) and m["n"] >= 1, f"{path}.n",
+               f"must be an integer >= 1, got {m['n']!r}")
+    return len(p.lines) == before
+
+
 def validate_metric(m: Any, where: str, path: str) -> Metric:
     """Check one stored metric object and return it as a Metric."""
-    _need(isinstance(m, dict), where, path, "must be an object")
-    for key in ("value", "unit", "direction", "rel_tol", "noise", "n"):
-        _need(key in m, where, f"{path}.{key}", "missing")
-    _need(_is_number(m["value"]), where, f"{path}.value", f"must be a finite number, got {m['value']!r}")
-    _need(isinstance(m["unit"], str), where, f"{path}.unit", "must be a string")
-    _need(m["direction"] in DIRECTIONS, where, f"{path}.direction",
-          f"must be 'lower' or 'higher', got {m['direction']!r}")
-    _need(_is_number(m["rel_tol"]) and 0 <= m["rel_tol"] < 10, where, f"{path}.rel_tol",
-          f"must be a number in [0, 10), got {m['rel_tol']!r}")
-    _need(_is_number(m["noise"]) and m["noise"] >= 0, where, f"{path}.noise",
-          f"must be a number >= 0, got {m['noise']!r}")
-    _need(isinstance(m["n"], int) and not isinstance(m["n"], bool) and m["n"] >= 1, where, f"{path}.n",
-          f"must be an integer >= 1, got {m['n']!r}")
+    p = _Problems(where)
+    _check_metric(p, m, path)
+    p.raise_if_any()
     return Metric(float(m["value"]), m["unit"], m["direction"], float(m["noise"]), m["n"], float(m["rel_tol"]))
 
 
-def validate_provenance(p: Any, where: str, path: str) -> None:
+def _check_provenance(p: _Problems, prov: Any, path: str) -> None:
     """Measured entries say commit, date and versions; external ones say where the figure came from."""
-    _need(isinstance(p, dict), where, path, "must be an object")
-    _need(p.get("kind") in PROVENANCE_KINDS, where, f"{path}.kind",
-          f"must be one of {PROVENANCE_KINDS}, got {p.get('kind')!r}")
-    _need(isinstance(p.get("date"), str) and p["date"], where, f"{path}.date", "missing")
-    if p["kind"] == "measured":
-        _need(isinstance(p.get("commit"), str) and p["commit"], where, f"{path}.commit", "missing")
-        _need(isinstance(p.get("versions"), dict), where, f"{path}.versions", "must be an object")
+    if not p.need(isinstance(prov, dict), path, "must be an object"):
+        return
+    kind_ok = p.need(prov.get("kind") in PROVENANCE_KINDS, f"{path}.kind",
+                     f"must be one of {PROVENANCE_KINDS}, got {prov.get('kind')!r}")
+    p.need(isinstance(prov.get("date"), str) and bool(prov["date"]), f"{path}.date", "missing")
+    if not kind_ok:
+        return
+    if prov["kind"] == "measured":
+        p.need(isinstance(prov.get("commit"), str) and bool(prov["commit"]), f"{path}.commit", "missing")
+        p.need(isinstance(prov.get("versions"), dict), f"{path}.versions", "must be an object")
     else:
-        _need(isinstance(p.get("source"), str) and p["source"], where, f"{path}.source",
-              "an external figure must say where it came from")
+        p.need(isinstance(prov.get("source"), str) and bool(prov["source"]), f"{path}.source",
+               "an external figure must say where it came from")
+
+
+def _check_entry(p: _Problems, entry: Any, path: str) -> None:
+    if not p.need(isinstance(entry, dict), path, "must be an object"):
+        return
+    p.need(isinstance(entry.get("definition_hash"), str), f"{path}.definition_hash", "missing")
+    metrics = entry.get("metrics")
+    if p.need(isinstance(metrics, dict) and bool(metrics), f"{path}.metrics", "must be a non-empty object"):
+        for name, m in metrics.items():
+            _check_metric(p, m, f"{path}.metrics.{name}")
+    _check_provenance(p, entry.get("provenance"), f"{path}.provenance")
 
 
 def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, family: str | None = None) -> dict:
-    """Validate a whole baseline document; returns it unchanged. `where` is the file name for messages."""
-    _need(isinstance(doc, dict), where, "(top level)", "must be a JSON object")
-    _need("schema_version" in doc, where, "schema_version", "missing")
+    """Validate a whole baseline document; returns it unchanged. `where` is the file name for messages.
+    Every problem is reported (see BaselineError), except that a document that is not an object or not
+    of this schema version is not looked into further."""
+    p = _Problems(where)
+    p.need(isinstance(doc, dict), "(top level)", "must be a JSON object")
+    p.raise_if_any()
+    p.need("schema_version" in doc, "schema_version", "missing")
+    p.raise_if_any()
     # type() check: `true == 1` and `1.0 == 1` in Python, and neither is a version this code wrote.
-    _need(type(doc["schema_version"]) is int and doc["schema_version"] == SCHEMA_VERSION, where, "schema_version",
-          f"this moebench reads version {SCHEMA_VERSION}, got {doc['schema_version']!r}")
-    _need(isinstance(doc.get("hardware_key"), str), where, "hardware_key", "missing")
-    if hardware_key is not None:
-        _need(doc["hardware_key"] == hardware_key, where, "hardware_key",
-              f"file is in the folder of {hardware_key!r} but says {doc['hardware_key']!r}")
-    _need(doc.get("family") in FAMILIES, where, "family", f"must be one of {FAMILIES}, got {doc.get('family')!r}")
-    if family is not None:
-        _need(doc["family"] == family, where, "family", f"file name says {family!r}, content says {doc['family']!r}")
-    _need(isinstance(doc.get("fingerprint"), dict), where, "fingerprint", "must be an object")
-    _need(isinstance(doc.get("entries"), dict), where, "entries", "must be an object")
-    for key, entry in doc["entries"].items():
-        path = f"entries[{key!r}]"
-        _need(isinstance(entry, dict), where, path, "must be an object")
-        _need(isinstance(entry.get("definition_hash"), str), where, f"{path}.definition_hash", "missing")
-        metrics = entry.get("metrics")
-        _need(isinstance(metrics, dict) and metrics, where, f"{path}.metrics", "must be a non-empty object")
-        for name, m in metrics.items():
-            validate_metric(m, where, f"{path}.metrics.{name}")
-        validate_provenance(entry.get("provenance"), where, f"{path}.provenance")
+    p.need(type(doc["schema_version"]) is int and doc["schema_version"] == SCHEMA_VERSION, "schema_version",
+           f"this moebench reads version {SCHEMA_VERSION}, got {doc['schema_version']!r}")
+    p.raise_if_any()
+    key = doc.get("hardware_key")
+    if p.need(isinstance(key, str), "hardware_key", "missing") and \
+            p.need(is_key(key), "hardware_key", f"{key!r} is not a hardware key ({KEY_RULE})") and \
+            hardware_key is not None:
+        p.need(key == hardware_key, "hardware_key", f"file is in the folder of {hardware_key!r} but says {key!r}")
+    if p.need(doc.get("family") in FAMILIES, "family", f"must be one of {FAMILIES}, got {doc.get('family')!r}") \
+            and family is not None:
+        p.need(doc["family"] == family, "family", f"file name says {family!r}, content says {doc['family']!r}")
+    p.need(isinstance(doc.get("fingerprint"), dict), "fingerprint", "must be an object")
+    entries = doc.get("entries")
+    if p.need(isinstance(entries, dict), "entries", "must be an object"):
+        for key, entry in entries.items():
+            _check_entry(p, entry, f"entries[{key!r}]")
+    p.raise_if_any()
     return doc

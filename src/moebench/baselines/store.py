@@ -1,16 +1,21 @@
-"""Reading and writing baseline files: validated on load, written atomically with stable formatting."""
+"""Reading and writing baseline files: validated on load, written atomically with stable formatting,
+rewritten under a lock so that concurrent runs merge instead of overwriting each other."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from moebench.baselines.schema import SCHEMA_VERSION, BaselineError, validate_file, validate_metric
+from moebench.hardware import KEY_RULE, is_key
 from moebench.metrics import Metric
 
 
@@ -53,9 +58,66 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+@contextlib.contextmanager
+def locked(path: Path, timeout_s: float = 60.0) -> Iterator[None]:
+    """Hold an exclusive lock for rewriting `path` (fcntl.flock on `.<name>.lock` in the same folder).
+
+    Every writer of a baseline file takes it and re-reads the file under it, so two runs updating one
+    file merge their entries instead of the later one silently dropping the earlier one's. A writer
+    holds it for moments (merge and write); one still held after timeout_s is a BaselineError, not an
+    endless wait (the plugin holds Ctrl-C while it writes). The lock file is removed on release (while
+    still held); a waiter that then holds a lock on the removed file sees that the name no longer points
+    to it and locks the current one instead.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = path.with_name(f".{path.name}.lock")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            _flock_until(fd, deadline, lock)
+            try:
+                current = os.path.samestat(os.fstat(fd), os.stat(lock))
+            except FileNotFoundError:
+                current = False
+        except BaseException:
+            os.close(fd)
+            raise
+        if current:
+            break
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile: nothing left to clean up
+            os.unlink(lock)
+        os.close(fd)
+
+
+def _flock_until(fd: int, deadline: float, lock: Path) -> None:
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise BaselineError(f"{lock}: another run has held this lock too long; baselines NOT written "
+                                    "(remove the file if no moebench run is writing)") from None
+            time.sleep(0.01)
+
+
+def key_folder(root: Path, hardware_key: str) -> Path:
+    """`<root>/<hardware_key>`, refusing a key that is not a plain slug: '..', '/' or a space in it would
+    name a folder elsewhere, or a second folder for one machine."""
+    if not is_key(hardware_key):
+        raise BaselineError(f"{root}: {hardware_key!r} is not a hardware key ({KEY_RULE})")
+    return Path(root) / hardware_key
+
+
 def family_path(root: Path, hardware_key: str, family: str) -> Path:
     """Where a family's baselines for a hardware key live."""
-    return Path(root) / hardware_key / f"{family}.json"
+    return key_folder(root, hardware_key) / f"{family}.json"
 
 
 def load_file(path: Path, *, hardware_key: str | None = None, family: str | None = None) -> dict:
@@ -96,7 +158,7 @@ class BaselineSet:
     @classmethod
     def load(cls, root: Path, hardware_key: str) -> "BaselineSet":
         """Load every `<root>/<hardware_key>/<family>.json`; a missing folder is an empty set."""
-        folder = Path(root) / hardware_key
+        folder = key_folder(root, hardware_key)
         docs: dict[str, dict] = {}
         if folder.is_dir():
             for path in sorted(folder.glob("*.json")):

@@ -1,0 +1,153 @@
+"""Guards around baseline writes, end to end over the fake project (tests/conftest.py): hardware keys that
+are not slugs, writes under another machine's key, conflicting options, a missing baseline folder, and
+Ctrl-C in every phase of a run. Each case checks what a user sees: exit code, one line, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from moebench import hardware
+from moebench.baselines.store import load_file
+
+HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
+# What the fake project's subprocess detects: it sees no GPUs (CUDA_VISIBLE_DEVICES is empty), so a CPU key.
+HERE = hardware.hardware_key({**hardware.fingerprint(), "gpus": []})
+
+
+def _one_line(result, ret: int, *needles: str) -> str:
+    """Exit code `ret`, no traceback, and exactly one output line holding every needle."""
+    text = result.stdout.str() + result.stderr.str()
+    assert result.ret == ret, text
+    assert "Traceback" not in text and "INTERNALERROR" not in text, text
+    hits = [line for line in result.outlines + result.errlines if all(n in line for n in needles)]
+    assert len(hits) == 1, f"expected one line with {needles}, got {hits}\n{text}"
+    return hits[0]
+
+
+# --- hardware keys ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key", ["../evil", "Weird Key!", "NVIDIA-H200-X1", ""])
+def test_a_key_that_is_not_a_slug_is_a_usage_error(fakebench, key):
+    # '../evil' used to write <baselines>/../evil/gemm.json, outside the baseline folder.
+    result = fakebench.run("--hardware-key", key, "--baseline-update")
+    _one_line(result, pytest.ExitCode.USAGE_ERROR, f"--hardware-key {key!r}: not a hardware key", "nvidia-h200-x1")
+    assert fakebench.calls() == {}
+    assert not (fakebench.path / "evil").exists() and not fakebench.baselines.exists()
+
+
+@pytest.mark.parametrize("option", [["--baseline-update"], ["--baseline-propose", "proposal"]])
+def test_writing_under_another_machines_key_needs_the_option(fakebench, option):
+    # `--hardware-key nvidia-h200-x1 --baseline-update` on a CPU box used to overwrite the H200 baselines.
+    result = fakebench.run(*option, other_hardware=False)
+    line = _one_line(result, pytest.ExitCode.USAGE_ERROR, f"--hardware-key {HW}: {option[0]} writes only")
+    assert f"({HERE})" in line and "--baseline-other-hardware" in line
+    assert fakebench.calls() == {}
+    assert not fakebench.family_file().exists() and not fakebench.family_file(fakebench.path / "proposal").exists()
+
+
+def test_writing_under_another_key_with_the_option_warns_at_start_and_end(fakebench):
+    result = fakebench.run("--baseline-update")
+    assert result.ret == pytest.ExitCode.OK
+    warning = f"moebench: WARNING: --baseline-other-hardware: --baseline-update files numbers measured on {HERE} under {HW}"
+    hits = [i for i, line in enumerate(result.outlines) if line == warning]
+    first_case = next(i for i, line in enumerate(result.outlines) if line.startswith("test_fake.py"))
+    updated = result.outlines.index(f"moebench: updated {fakebench.family_file()} (2 changes)")
+    assert len(hits) == 2 and hits[0] < first_case and hits[1] > updated, result.stdout.str()
+    assert sorted(load_file(fakebench.family_file())["entries"]) == ["fake[a]", "fake[b]"]
+
+
+def test_the_detected_key_writes_without_the_option_or_a_warning(fakebench):
+    result = fakebench.run("--hardware-key", HERE, "--baseline-update", other_hardware=False)
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    assert "--baseline-other-hardware" not in result.stdout.str()
+    path = fakebench.baselines / HERE / "gemm.json"
+    assert sorted(load_file(path, hardware_key=HERE, family="gemm")["entries"]) == ["fake[a]", "fake[b]"]
+
+
+# --- conflicting options, missing folder ----------------------------------------------------------------
+
+def test_update_and_propose_together_is_a_usage_error(fakebench):
+    # Propose used to win silently: the user asked for an update and got none.
+    result = fakebench.run("--baseline-update", "--baseline-propose", "proposal")
+    _one_line(result, pytest.ExitCode.USAGE_ERROR, "--baseline-update and --baseline-propose DIR: choose one")
+    assert fakebench.calls() == {} and not fakebench.baselines.exists()
+
+
+def test_a_missing_baseline_folder_is_a_warning_naming_it(fakebench):
+    typo = fakebench.path / "baseline"  # the folder is `baselines`
+    fakebench.write_baseline({"a": 100.0, "b": 200.0})
+    result = fakebench.run("--baseline-dir", str(typo))
+    assert result.ret == pytest.ExitCode.OK
+    warning = f"moebench: WARNING: --baseline-dir {typo}: no such folder: every case is NEW"
+    assert result.outlines.count(warning) == 2, result.stdout.str()
+
+
+def test_a_missing_baseline_folder_is_an_error_when_strict(fakebench):
+    typo = fakebench.path / "baseline"
+    result = fakebench.run("--baseline-dir", str(typo), "--baseline-strict")
+    _one_line(result, pytest.ExitCode.USAGE_ERROR, f"--baseline-dir {typo}: no such folder", "--baseline-strict")
+    assert fakebench.calls() == {}
+
+
+# --- Ctrl-C in every phase -------------------------------------------------------------------------------
+
+# The fake project's conftest sends this process a real SIGINT (what Ctrl-C does) at the phase named in
+# MOEBENCH_TEST_SIGINT: while starting (reading the machine's fingerprint) or as a baseline or report file
+# is put in place. Measuring is interrupted by the fake case itself (control "interrupt").
+SIGINT_CONFTEST = '''
+import os
+import signal
+
+import moebench.hardware
+
+PHASE = os.environ.get("MOEBENCH_TEST_SIGINT")
+_fingerprint, _replace = moebench.hardware.fingerprint, os.replace
+
+
+def fingerprint():
+    if PHASE == "starting":
+        os.kill(os.getpid(), signal.SIGINT)
+    return _fingerprint()
+
+
+def replace(src, dst, **kw):
+    if (PHASE, os.path.basename(dst)) in {("baselines", "gemm.json"), ("reports", "results.json")}:
+        os.kill(os.getpid(), signal.SIGINT)
+    return _replace(src, dst, **kw)
+
+
+moebench.hardware.fingerprint, os.replace = fingerprint, replace
+'''
+
+
+@pytest.mark.parametrize("phase, expect", [
+    ("starting", "moebench: interrupted while starting: nothing was measured or written"),
+    ("measuring", "moebench: run interrupted: baselines NOT written"),
+    ("baselines", "moebench: interrupted while writing files: held until the files above were written in full"),
+    ("reports", "moebench: interrupted while writing files: held until the files above were written in full"),
+], ids=["starting", "measuring", "baselines", "reports"])
+def test_ctrl_c_gives_one_line_and_loses_nothing(fakebench, phase, expect):
+    # Ctrl-C while the baselines were written used to end in a 95-line traceback; while starting, in
+    # no output at all.
+    fakebench.pytester.makeconftest(SIGINT_CONFTEST)
+    if phase == "measuring":
+        fakebench.control["interrupt"] = ["fake[b]"]
+    results = fakebench.path / "results.json"
+    result = fakebench.run("--baseline-update", "--results-json", str(results), env={"MOEBENCH_TEST_SIGINT": phase})
+    _one_line(result, pytest.ExitCode.INTERRUPTED, expect)
+    assert len([line for line in result.outlines + result.errlines if "interrupted" in line]) == 1
+    gemm = fakebench.family_file()
+    if phase == "starting":
+        assert fakebench.calls() == {} and not gemm.exists() and not results.exists()
+        return
+    # Whatever was written is whole: an interrupted measurement writes no baseline, a held write all of them.
+    assert gemm.exists() == (phase != "measuring")
+    if gemm.exists():
+        assert sorted(load_file(gemm, hardware_key=HW, family="gemm")["entries"]) == ["fake[a]", "fake[b]"]
+        assert os.listdir(gemm.parent) == ["gemm.json"]
+    assert [c["key"] for c in json.loads(results.read_text())["cases"]] == \
+        (["fake[a]"] if phase == "measuring" else ["fake[a]", "fake[b]"])
