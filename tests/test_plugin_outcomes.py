@@ -102,7 +102,8 @@ def test_benchmark_compare_fail_still_applies_with_the_tables_off(fakebench, tmp
     # fake[a] twice as slow: no moebench baseline is stored (NEW), but pytest-benchmark's compare-fail
     # against the saved run catches it.
     fakebench.control["samples"]["fake[a]"] = [2 * x for x in fakebench.control["samples"]["fake[a]"]]
-    second = fakebench.run("--benchmark-storage", storage, "--benchmark-compare", "--benchmark-compare-fail", "median:5%")
+    second = fakebench.run("--benchmark-storage", storage, "--benchmark-compare",
+                           "--benchmark-compare-fail", "median:5%")
     assert second.ret != 0
     assert "Performance has regressed" in second.stderr.str()
     assert "test_fake[a]" in second.stderr.str() and "benchmark: 2 tests" not in second.stdout.str()

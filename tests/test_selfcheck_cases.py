@@ -43,7 +43,8 @@ CopyWork.time = fake_time
     ("test_sensitivity_5pct_larger_is_slower", [10 * MS, 10.03 * MS], 0.38, "passed",
      f"AMBIGUOUS *selfcheck[[]sensitivity-copy-64MiB-cpu[]]*{NOISY} (sensitivity: 5% more bytes measured +0.3%*"),
     ("test_aa_same_work_agrees", [10 * MS, 11 * MS], 0.01, "failed",
-     "FAIL *test_aa_same_work_agrees*A/A: the same copy measured 10000.0 us then 11000.0 us (+10.0%*the harness is wrong*"),
+     "FAIL *test_aa_same_work_agrees*A/A: the same copy measured 10000.0 us then 11000.0 us (+10.0%*"
+     "the harness is wrong*"),
     ("test_sensitivity_5pct_larger_is_slower", [10 * MS, 10.03 * MS], 0.01, "failed",
      "FAIL *test_sensitivity_5pct_larger_is_slower*sensitivity: 5% more bytes measured +0.3%*the harness is wrong*"),
     ("test_sensitivity_5pct_larger_is_slower", [10 * MS, 10.5 * MS], 0.01, "passed",

@@ -18,8 +18,8 @@ from moebench.baselines.compare import Comparison, Verdict, compare_metric
 from moebench.metrics import Metric, relative_spread
 from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
-# At or above this timing spread the machine is too noisy for a failed check to say anything about the
-# harness. The spread is the robust relative spread (1.4826 x MAD / median) of one work's samples pooled
+# At or above this timing spread the machine is too noisy for a check, passed or failed, to say anything
+# about the harness. The spread is the robust relative spread (1.4826 x MAD / median) of one work's samples pooled
 # over the check's interleaved blocks, so load that comes and goes during the check widens it. Why 5%:
 # the checks are built to resolve a 5% change (the planted one; A/A allows 3%) from medians of at least
 # 60 samples (3 blocks of StopRule(min_samples=20) in benchmarks/test_selfcheck.py). At a 5% spread
@@ -126,6 +126,7 @@ class Check:
 
     @property
     def too_noisy(self) -> bool:
+        """The machine's spread is at or above TOO_NOISY: this check proves nothing here."""
         return self.spread >= TOO_NOISY
 
     @property
@@ -133,7 +134,8 @@ class Check:
         """The line the test fails with when the harness is wrong (a failed check on a quiet machine)."""
         if self.ok or self.too_noisy:
             return None
-        return f"{self.seen}; timing spread {100 * self.spread:.1f}% (< {100 * TOO_NOISY:.0f}%): the harness is wrong here"
+        return (f"{self.seen}; timing spread {100 * self.spread:.1f}% (< {100 * TOO_NOISY:.0f}%): "
+                "the harness is wrong here")
 
     @property
     def doubt(self) -> str:
@@ -167,8 +169,8 @@ def sensitivity_check(base: Sequence[float], bigger: Sequence[float], planted: f
     """Sensitivity: work made `planted` larger (samples in seconds) must read as a REGRESSION."""
     # The question is whether the timer resolves the change between two medians measured interleaved in
     # one session, so each side's noise is the standard error of its median (1.2533 * spread / sqrt(n)),
-    # not the per-sample spread the gate uses between runs (a shared CPU box read +4.9% here with a 6.5%
-    # per-sample spread: clearly seen, yet AMBIGUOUS on spread alone).
+    # not the per-sample spread the gate uses between runs (on that alone a 5% change is outside the noise
+    # only below a 2.5% spread).
     a = _with_median_error(Metric.from_samples(base, "s", "lower", rel_tol=SENSITIVITY_TOLERANCE))
     b = _with_median_error(Metric.from_samples(bigger, "s", "lower", rel_tol=SENSITIVITY_TOLERANCE))
     c = compare_metric(b, a)
