@@ -23,10 +23,10 @@ from moebench.runs import Run, fmt_value
 # in lightness too, and every point also carries its verdict in the legend).
 VERDICT_COLOURS = {
     "PASS": "#2ca02c", "IMPROVEMENT": "#1f77b4", "REGRESSION": "#d62728", "AMBIGUOUS": "#ff7f0e",
-    "NEW": "#7f7f7f", "STALE": "#9467bd", "ENV_MISMATCH": "#8c564b", "ERROR": "#d62728", "SKIP": "#bbbbbb",
-    "MISSING": "#bbbbbb",
+    "NEW": "#7f7f7f", "STALE": "#9467bd", "ENV_MISMATCH": "#8c564b", "FAIL": "#d62728", "ERROR": "#d62728",
+    "SKIP": "#bbbbbb", "MISSING": "#bbbbbb",
 }
-_SEVERITY = ["REGRESSION", "ERROR", "MISSING", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT",
+_SEVERITY = ["REGRESSION", "FAIL", "ERROR", "MISSING", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT",
              "PASS", "SKIP"]
 
 

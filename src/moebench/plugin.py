@@ -19,6 +19,7 @@ from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.metrics import Metric
+from moebench.report import failure_note
 from moebench.session import CaseResult, Row, RunState
 
 STATE = pytest.StashKey[RunState]()
@@ -47,6 +48,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--baseline-other-hardware", action="store_true",
                 help="let --baseline-update / --baseline-propose write under a --hardware-key that is not this "
                      "machine's; without it they write only the detected hardware's files")
+    g.addoption("--benchmark-tables", action="store_true",
+                help="also print pytest-benchmark's own result tables (off by default; its --benchmark-json, "
+                     "-save, -compare and -histogram work either way)")
     from moebench.decode.options import add_decode_options
 
     add_decode_options(g)
@@ -223,15 +227,17 @@ class CaseRecorder:
 
     def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
                info: dict | None = None, primary: str | None = None, group: str | None = None,
-               explain: Callable | None = None, recorded: Callable[[], dict] | None = None) -> CaseResult:
+               doubt: str = "", explain: Callable | None = None,
+               recorded: Callable[[], dict] | None = None) -> CaseResult:
         """Measure (measure() returns name -> Metric), compare with the stored baseline, re-measure once
-        on a suspected regression, and fail this test with one line if it regressed; `explain`
-        (comparisons, metrics) -> str adds what moved to that line; `recorded()` says what ran, stored with
-        a baseline and compared with the stored one (see RunState.record)."""
+        on a suspected regression, and fail this test with one line if it regressed. With a `doubt` (why
+        this machine cannot vouch for the numbers) a case that would read PASS or NEW reads AMBIGUOUS;
+        `explain` (comparisons, metrics) -> str adds what moved to the line; `recorded()` says what ran,
+        stored with a baseline and compared with the stored one (see RunState.record)."""
         state = self._state
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
-                              measure=measure, info=info, primary=primary, group=group, progress=self.progress,
-                              explain=explain, recorded=recorded)
+                              measure=measure, info=info, primary=primary, group=group, doubt=doubt,
+                              progress=self.progress, explain=explain, recorded=recorded)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:
@@ -292,9 +298,15 @@ class _TestOutcomes:
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             if not any(r.nodeid == report.nodeid for r in state.rows):
                 state.add_row(Row(report.nodeid, "", "SKIP", note=reason.removeprefix("Skipped: ")))
-        elif report.failed and not any(r.nodeid == report.nodeid for r in state.results):
-            msg = report.longreprtext.strip().splitlines()
-            state.add_row(Row(report.nodeid, "", "ERROR", note=(msg[-1] if msg else "failed")[:200]))
+        elif report.failed and not (report.when == "call" and self._gate_failed(report.nodeid)):
+            # As pytest counts them: a failure in the test itself is FAIL, one in its setup or teardown
+            # (a fixture, the environment) is ERROR.
+            state.add_row(Row(report.nodeid, "", "FAIL" if report.when == "call" else "ERROR",
+                              note=failure_note(report)))
+
+    def _gate_failed(self, nodeid: str) -> bool:
+        # The gate failed this test itself (REGRESSION, or NEW/STALE when strict): its row already says why.
+        return any(r.nodeid == nodeid and self.state.failure_line(r) is not None for r in self.state.results)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -348,7 +360,30 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
+class _Discard:
+    """Stands in for the terminal reporter: drops everything written to it."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def _hide_benchmark_tables(config: pytest.Config) -> None:
+    # pytest-benchmark prints its tables (about 100 lines, 250 columns wide, for a GPU run) from
+    # BenchmarkSession.display(terminalreporter), called by its own pytest_terminal_summary (5.2.3 and
+    # 5.3.1 alike). The same call writes the --benchmark-histogram files and applies
+    # --benchmark-compare-fail, so it still runs, with a reporter that drops the tables; its log lines
+    # (saved files, histograms, regressions) go to stderr and stay. --benchmark-quiet would skip the
+    # histogram too (it is drawn inside the table code).
+    bs = getattr(config, "_benchmarksession", None)
+    if bs is None or config.getoption("benchmark_tables"):
+        return
+    display = bs.display
+    bs.display = lambda tr: display(_Discard())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which prints its tables
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    _hide_benchmark_tables(config)
     state = config.stash.get(STATE, None)
     if state is None:
         return

@@ -10,7 +10,28 @@ from typing import Iterable
 from moebench.baselines.store import atomic_write_text
 from moebench.session import Row
 
-_ORDER = ["REGRESSION", "ERROR", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS", "SKIP"]
+# The gate's verdicts plus a test's own outcomes (FAIL: the test body failed; ERROR: its setup or teardown
+# did; SKIP), worst first.
+_ORDER = ["REGRESSION", "FAIL", "ERROR", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS", "SKIP"]
+# Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
+# is what the reader came for, and as the last column it only wraps.
+CELL_WIDTH = 90
+NOTE_WIDTH = 200
+
+
+def clip(text: str, width: int) -> str:
+    """text cut to at most width characters, ending in '...' when cut."""
+    return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def failure_note(rep) -> str:
+    """A failed pytest report's note: the first line of its exception's message (the pytest.fail text,
+    "AssertionError: <msg>", "ModuleNotFoundError: ..."), clipped to NOTE_WIDTH. Not the traceback
+    text's last line: in pytest's default style that is only `file:line: AssertionError`."""
+    crash = getattr(rep.longrepr, "reprcrash", None)
+    text = (crash.message if crash is not None else rep.longreprtext).strip()
+    first = text.removeprefix("Failed: ").splitlines()[0] if text else "failed"
+    return clip(first, NOTE_WIDTH)
 
 
 def _fmt(x: float | None, unit: str = "") -> str:
@@ -50,11 +71,13 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
 
 def text_table(rows: Iterable[Row]) -> str:
     """A fixed-width table for the terminal."""
-    data = [HEADER] + [_cells(r) for r in display_rows(rows)]
-    widths = [min(max(len(row[i]) for row in data), 90) for i in range(len(HEADER))]
+    limits = [CELL_WIDTH] * (len(HEADER) - 1) + [NOTE_WIDTH]
+    data = [[clip(cell, limits[i]) for i, cell in enumerate(row)]
+            for row in [HEADER] + [_cells(r) for r in display_rows(rows)]]
+    widths = [max(len(row[i]) for row in data) for i in range(len(HEADER))]
     lines = []
     for j, row in enumerate(data):
-        lines.append("  ".join(cell[:90].ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

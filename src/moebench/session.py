@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from moebench import hardware, provenance
-from moebench.baselines.compare import (Comparison, Verdict, case_verdict, compare_metric, failing, one_line,
-                                        recorded_changes)
+from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_metric, failing,
+                                        one_line, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
@@ -132,13 +132,14 @@ class RunState:
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, group: str | None = None,
-               progress: Callable[[str], None] = lambda s: None,
+               doubt: str = "", progress: Callable[[str], None] = lambda s: None,
                explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None,
                recorded: Callable[[], dict] | None = None) -> CaseResult:
-        """Measure, compare, re-measure once on a suspected regression, and keep the result. `explain`
-        (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than PASS/NEW;
-        `recorded()` -> what ran (read after measuring), stored with a baseline and compared with the
-        stored one whatever the verdict."""
+        """Measure, compare, re-measure once on a suspected regression, and keep the result. A `doubt`
+        (why this machine cannot vouch for the measurement) makes a PASS or NEW case AMBIGUOUS, noted.
+        `explain` (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than
+        PASS/NEW; `recorded()` -> what ran (read after measuring), stored with a baseline and compared with
+        the stored one whatever the verdict."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
             # --baseline-update, written to <family>.json, which the schema then refused on every
@@ -154,6 +155,8 @@ class RunState:
             second = self._measure(measure)
             comps, verdict, note = self.compare(family, key, def_hash, second)
             first = second
+        if doubt and SEVERITY[verdict] < SEVERITY[Verdict.AMBIGUOUS]:
+            verdict, note = Verdict.AMBIGUOUS, doubt
         if primary is None:
             primary = next((n for n, mm in first.metrics.items() if mm.gated), next(iter(first.metrics), None))
         ran = dict(recorded() if recorded else {})
