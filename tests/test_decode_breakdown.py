@@ -162,3 +162,20 @@ def test_instances_combine_to_the_median_with_the_spread_between_them_as_noise()
     two = combine_instances(runs[:2] + [{"ms_per_token": Metric(6.79, "ms", "lower", noise=0.001)}])["ms_per_token"]
     assert two.noise == pytest.approx((6.94 - 6.79) / 2 / 6.79)  # MAD reads 0 with two equal values
     assert combine_instances(runs[:1])["ms_per_token"] is runs[0]["ms_per_token"]
+
+
+def test_the_breakdown_table_shows_each_category_against_its_baseline():
+    from moebench.decode.breakdown_report import breakdown_tables
+
+    b = breakdown(_steps())
+    measured = breakdown_metrics(b, 0.2, GATED, 0.05)
+    metrics = {n: m.to_json() | {"gated": m.gated} for n, m in measured.items()}
+    metrics["step_routed_experts_ms"].update(baseline=0.020, delta_pct=25.0)
+    metrics["pct_of_floor_routed_experts"] = {"value": 41.0}
+    case = {"key": "decode[x]", "info": {"breakdown": b.to_json()}, "metrics": metrics}
+    [(title, rows)] = breakdown_tables([case, {"key": "decode[no-profile]", "info": {}, "metrics": {}}])
+    assert title.startswith("decode step breakdown: decode[x] (3 profiled steps, annotations")
+    by_name = {r[0]: r for r in rows}
+    assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]
+    assert "communication" not in {r[0].split(" (")[0] for r in rows}  # no kernel, no row
+    assert by_name["host gap (step - GPU busy)"][1] == "0.115"  # 0.2 - 0.0855

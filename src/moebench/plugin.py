@@ -16,6 +16,8 @@ import pytest
 
 from moebench import hardware, interrupts, report
 from moebench.baselines.compare import Verdict
+from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
+from moebench.decode.breakdown_report import breakdown_tables
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.metrics import Metric
@@ -352,7 +354,10 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}"):
+            extra = "\n".join(f"#### {title}\n\n" + "\n".join(report.markdown_grid(BREAKDOWN_HEADER, rows)) + "\n"
+                              for title, rows in breakdown_tables(r.to_json() for r in state.results))
+            for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
+                                              extra):
                 lines.append(f"moebench: summary written to {path}")
     except OSError as e:
         # e.g. $GITHUB_STEP_SUMMARY pointing somewhere unwritable: one line, not an INTERNALERROR.
@@ -391,6 +396,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
         terminalreporter.write_line(report.counts(state.rows))
+    for title, rows in breakdown_tables(r.to_json() for r in state.results):
+        terminalreporter.write_line("")
+        terminalreporter.write_line(title)
+        terminalreporter.write_line(report.aligned(BREAKDOWN_HEADER, rows))
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)
     for line in config.stash.get(_WARNINGS, []):

@@ -69,18 +69,30 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
     return out
 
 
-def text_table(rows: Iterable[Row]) -> str:
-    """A fixed-width table for the terminal."""
-    limits = [CELL_WIDTH] * (len(HEADER) - 1) + [NOTE_WIDTH]
-    data = [[clip(cell, limits[i]) for i, cell in enumerate(row)]
-            for row in [HEADER] + [_cells(r) for r in display_rows(rows)]]
-    widths = [max(len(row[i]) for row in data) for i in range(len(HEADER))]
+def aligned(header: list[str], body: Iterable[list[str]]) -> str:
+    """Any table in fixed-width columns for the terminal: cells clipped to CELL_WIDTH, the last column
+    (a note) to NOTE_WIDTH, a dashed line under the header."""
+    limits = [CELL_WIDTH] * (len(header) - 1) + [NOTE_WIDTH]
+    data = [[clip(cell, limits[i]) for i, cell in enumerate(row)] for row in [header] + list(body)]
+    widths = [max(len(row[i]) for row in data) for i in range(len(header))]
     lines = []
     for j, row in enumerate(data):
         lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
+    """Any table as GitHub-flavoured markdown lines (pipes in cells escaped)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    return out
+
+
+def text_table(rows: Iterable[Row]) -> str:
+    """The verdict table for the terminal."""
+    return aligned(HEADER, [_cells(r) for r in display_rows(rows)])
 
 
 def counts(rows: Iterable[Row]) -> str:
@@ -94,17 +106,15 @@ def counts(rows: Iterable[Row]) -> str:
 def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
     """The same table as GitHub-flavoured markdown, for job summaries."""
     rows = list(rows)
-    out = [f"### {title}", "", counts(rows) or "no cases", "", "| " + " | ".join(HEADER) + " |",
-           "|" + "---|" * len(HEADER)]
-    for r in display_rows(rows):
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(r)) + " |")
+    out = [f"### {title}", "", counts(rows) or "no cases", ""]
+    out += markdown_grid(HEADER, [_cells(r) for r in display_rows(rows)])
     return "\n".join(out) + "\n"
 
 
-def write_markdown(rows: list[Row], path: str | None, title: str) -> list[str]:
-    """Write the markdown summary to `path` (atomically) and append it to $GITHUB_STEP_SUMMARY when set.
-    Returns the paths written."""
-    text = markdown_table(rows, title)
+def write_markdown(rows: list[Row], path: str | None, title: str, extra: str = "") -> list[str]:
+    """Write the markdown summary (the verdict table, then `extra` sections) to `path` (atomically) and
+    append it to $GITHUB_STEP_SUMMARY when set. Returns the paths written."""
+    text = markdown_table(rows, title) + (f"\n{extra}" if extra else "")
     written = []
     if path:
         atomic_write_text(Path(path), text)
