@@ -6,6 +6,7 @@ No processes are started here and nothing depends on a clock."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,9 +67,10 @@ def test_bytes_and_ops_per_sample():
 
 
 def test_definition_holds_what_shapes_the_measurement():
-    d = case(variant="p2poff").definition()
+    d = case(transport="pcie").definition()
     assert d["bytes"] == 14336 and d["world"] == 2 and d["mode"] == "graph" and d["dtype"] == "bf16"
-    assert d["env"]["NCCL_P2P_DISABLE"] == "1"
+    assert d["env"]["NCCL_P2P_DISABLE"] == "1" and d["transport"] == "pcie"
+    assert "transport" not in case().definition()  # NCCL's own choice: the definitions recorded before the axis
     assert d["ops_per_sample"] == C.OPS_PER_SAMPLE
     json.dumps(d)  # stored as JSON, hashed for STALE
     assert case().definition() != case(mode="eager").definition()
@@ -91,11 +93,16 @@ def test_impossible_cases_are_refused(kw):
 
 def test_default_selection_is_small_and_covers_the_headline():
     default = [c for c in all_cases() if in_default_selection(c)]
-    w2 = [c for c in default if c.world == 2 and c.backend == "nccl"]
+    w2 = [c for c in default if c.world == 2 and c.backend == "nccl" and c.transport == "auto"]
     assert {(c.tokens, c.mode) for c in w2 if c.hidden == 7168 and c.dtype == "bf16"} == \
         {(t, m) for t in C.TOKENS for m in C.MODES}
     assert any(c.dtype == "fp32" for c in w2) and any(c.hidden == 6144 for c in w2)
     assert len(w2) <= 30
+    # each steered transport adds the headline sizes only: hidden 7168 bf16, every size, both modes
+    for transport in ("pcie", "pcie-p2p"):
+        steered = [c for c in default if c.world == 2 and c.transport == transport]
+        assert {(c.tokens, c.mode, c.hidden, c.dtype) for c in steered} == \
+            {(t, m, 7168, "bf16") for t in C.TOKENS for m in C.MODES}
     assert not any(c.variant for c in default)
     gloo = [c for c in default if c.backend == "gloo"]
     assert 3 <= len(gloo) <= 6 and all(c.nbytes <= 2 << 20 for c in gloo)
@@ -321,3 +328,27 @@ def test_latency_tolerance_by_size_and_mode(tokens, mode, tol):
 def test_gloo_tolerance_is_its_own(tokens, dtype):
     """gloo (CPU over loopback, host-noise bound) gates at its measured spread at every size."""
     assert C.latency_rel_tol(case(backend="gloo", mode="eager", tokens=tokens, dtype=dtype)) == C.LATENCY_REL_TOL_GLOO
+
+
+def test_a_pcie_case_whose_nccl_used_nvlink_fails_and_every_case_records_what_nccl_chose(monkeypatch):
+    import moebench.allreduce.runner as runner_mod
+
+    monkeypatch.setattr(runner_mod, "topo_matrix", lambda: "GPU0 GPU1\nGPU0 X NV18")
+    nvlink_log = (Path(__file__).parent / "data" / "nccl-info-nvlink.log").read_text()
+    steered, plain = case(transport="pcie"), case()
+    for c in (steered, plain):
+        run = _fake_launch([])(GroupSpec("nccl", 2, "", (c,)), None)
+        run.rank0_log = nvlink_log
+        o = outcomes(run, _fp(2))[c]
+        assert o.info["nccl_chosen"]["summary"] == "nvlink-p2p" and o.info["topo_matrix"].endswith("NV18")
+        assert o.info["transport"] == c.transport
+        if c is steered:
+            assert o.error == ("allreduce[nccl-w2-h7168-t1-bf16-graph-pcie]: transport pcie asked NCCL to stay off "
+                               "peer-to-peer, but its log says it used nvlink-p2p (NCCL: P2P/CUMEM/read)")
+        else:
+            assert o.error is None and o.rank_samples_us
+
+
+def test_a_group_holds_one_transport():
+    with pytest.raises(ValueError, match="does not belong to group nccl-w2"):
+        GroupSpec("nccl", 2, "", (case(), case(transport="pcie")))

@@ -2,9 +2,9 @@
 
 Pure Python (no torch): imported at collection time and by the spawned ranks alike.
 
-A case is one (backend, world size, env variant, hidden, tokens, dtype, mode). Cases that share
-(backend, world size, env variant) form a *group*: one set of spawned ranks measures all the selected
-cases of a group in one go, because starting NCCL ranks costs seconds.
+A case is one (backend, world size, env variant, hidden, tokens, dtype, mode, transport). Cases that
+share (backend, world size, env variant, transport) form a *group*: one set of spawned ranks measures all
+the selected cases of a group in one go, because starting NCCL ranks costs seconds.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
+from moebench.allreduce.transport import TRANSPORTS
 from moebench.timing import StopRule
 
 # --- axes -----------------------------------------------------------------------------------------
@@ -32,8 +33,7 @@ VARIANTS: dict[str, dict[str, str]] = {
     "protoLL": {"NCCL_PROTO": "LL"},
     "protoLL128": {"NCCL_PROTO": "LL128"},
     "protoSimple": {"NCCL_PROTO": "Simple"},
-    "p2poff": {"NCCL_P2P_DISABLE": "1"},
-}
+}  # (NCCL_P2P_DISABLE is the `pcie` transport: moebench.allreduce.transport)
 
 # Always in every rank's environment: NVLink multicast (NVLS) can take a shared host's GPUs out of
 # service, so it stays off whatever the case (shared/gpu/README.md).
@@ -83,7 +83,8 @@ PATTERN = "v[i] = ((7*i + 3*rank) % 13) + 1, exact sums; result compared element
 
 @dataclass(frozen=True)
 class AllreduceCase:
-    """One allreduce measurement: backend, world size, env variant, message shape, dtype, mode."""
+    """One allreduce measurement: backend, world size, env variant, message shape, dtype, mode, and the
+    transport NCCL is steered to (moebench.allreduce.transport)."""
 
     backend: str
     world: int
@@ -92,6 +93,7 @@ class AllreduceCase:
     hidden: int
     tokens: int
     mode: str
+    transport: str = "auto"
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -104,6 +106,10 @@ class AllreduceCase:
             raise ValueError(f"unknown env variant {self.variant!r} (known: {tuple(VARIANTS)})")
         if self.variant and self.backend != "nccl":
             raise ValueError("env variants are NCCL settings: only the nccl backend has them")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"unknown transport {self.transport!r} (known: {tuple(TRANSPORTS)})")
+        if self.transport != "auto" and self.backend != "nccl":
+            raise ValueError("transports steer NCCL: only the nccl backend has them")
         if self.backend == "gloo" and self.mode != "eager":
             raise ValueError("gloo runs on CPU: eager only (no CUDA graphs)")
         if self.world < 2:
@@ -142,20 +148,24 @@ class AllreduceCase:
             # vLLM's own P2P test needs vLLM's world group, which a bare CustomAllreduce does not have;
             # with this set it trusts the driver's P2P report (torch.cuda.can_device_access_peer).
             extra["VLLM_SKIP_P2P_CHECK"] = "1"
-        return {**SAFETY_ENV, **VARIANTS[self.variant], **extra}
+        return {**SAFETY_ENV, **VARIANTS[self.variant], **TRANSPORTS[self.transport], **extra}
 
     # --- names ------------------------------------------------------------------------------
     @property
     def group(self) -> str:
-        """The launch this case belongs to: one set of ranks per (backend, world size, env variant)."""
-        return group_name(self.backend, self.world, self.variant)
+        """The launch this case belongs to: one set of ranks per (backend, world size, env variant,
+        transport)."""
+        return group_name(self.backend, self.world, self.variant, self.transport)
 
     @property
     def id(self) -> str:
-        """Test id, e.g. 'nccl-w2-h7168-t1-bf16-graph' (variant appended when not NCCL's default)."""
+        """Test id, e.g. 'nccl-w2-h7168-t1-bf16-graph' (variant and transport appended when not NCCL's
+        default: 'nccl-w2-h7168-t1-bf16-graph-pcie')."""
         parts = [self.backend, f"w{self.world}", f"h{self.hidden}", f"t{self.tokens}", self.dtype, self.mode]
         if self.variant:
             parts.append(self.variant)
+        if self.transport != "auto":
+            parts.append(self.transport)
         return "-".join(parts)
 
     @property
@@ -187,6 +197,9 @@ class AllreduceCase:
                           "max_seconds": r.max_seconds, "target_noise": r.target_noise},
             "warmup_rounds": WARMUP_ROUNDS, "statistic": "median of the slowest rank",
             "check": PATTERN,
+            # Named only when steered: the cases recorded before the transport axis existed were NCCL's
+            # own choice, and their stored definitions stay valid.
+            **({"transport": self.transport} if self.transport != "auto" else {}),
         }
 
     def to_json(self) -> dict:
@@ -198,20 +211,22 @@ class AllreduceCase:
         return cls(**d)
 
 
-def group_name(backend: str, world: int, variant: str = "") -> str:
-    """'nccl-w2', 'nccl-w2-protoLL', 'gloo-w2'."""
-    return f"{backend}-w{world}" + (f"-{variant}" if variant else "")
+def group_name(backend: str, world: int, variant: str = "", transport: str = "auto") -> str:
+    """'nccl-w2', 'nccl-w2-protoLL', 'nccl-w2-pcie', 'gloo-w2'."""
+    return f"{backend}-w{world}" + (f"-{variant}" if variant else "") + (f"-{transport}" if transport != "auto" else "")
 
 
 def in_default_selection(c: AllreduceCase) -> bool:
     """The default (un-`full`) selection: small enough for every nightly run.
 
-    nccl: hidden 7168 bf16 at every token count in both modes, plus fp32 and hidden 6144 at 1 and 64
-    tokens (graph). vllm_custom_ar: hidden 7168 bf16 at the sizes vLLM takes, both modes. gloo: three
-    bf16 and two fp32 decode sizes (the CPU family that runs in CI).
+    nccl: hidden 7168 bf16 at every token count in both modes, on every transport, plus fp32 and hidden
+    6144 at 1 and 64 tokens (graph, NCCL's own transport). vllm_custom_ar: hidden 7168 bf16 at the sizes
+    vLLM takes, both modes. gloo: three bf16 and two fp32 decode sizes (the CPU family that runs in CI).
     """
     if c.variant:
         return False
+    if c.transport != "auto":
+        return c.hidden == 7168 and c.dtype == "bf16"
     if c.backend == "gloo":
         return c.hidden == 7168 and ((c.dtype == "bf16" and c.tokens in (1, 8, 64))
                                      or (c.dtype == "fp32" and c.tokens in (1, 64)))
@@ -226,21 +241,25 @@ def _axes(backend: str) -> Iterator[AllreduceCase]:
     worlds = GLOO_WORLDS if backend == "gloo" else WORLDS
     modes = ("eager",) if backend == "gloo" else MODES
     variants = tuple(VARIANTS) if backend == "nccl" else ("",)
+    transports = tuple(TRANSPORTS) if backend == "nccl" else ("auto",)
     for world in worlds:
-        for variant in variants:
-            for dtype in DTYPES:
-                # Protocol / P2P variants matter for the decode-size latency they were made for: bf16 only.
-                if variant and dtype != "bf16":
-                    continue
-                for hidden in HIDDENS:
-                    for tokens in TOKENS:
-                        for mode in modes:
-                            yield AllreduceCase(backend, world, variant, dtype, hidden, tokens, mode)
+        for transport in transports:
+            for variant in variants:
+                for dtype in DTYPES:
+                    # Protocol variants and steered transports matter for the decode-size latency they
+                    # were made for, on NCCL's own path: bf16 only, one at a time.
+                    if (variant or transport != "auto") and dtype != "bf16" or (variant and transport != "auto"):
+                        continue
+                    for hidden in HIDDENS:
+                        for tokens in TOKENS:
+                            for mode in modes:
+                                yield AllreduceCase(backend, world, variant, dtype, hidden, tokens, mode, transport)
 
 
 def all_cases() -> list[AllreduceCase]:
     """Every case of the family, ordered so that each group's cases are consecutive."""
     cases = [c for b in BACKENDS for c in _axes(b)]
     order = {b: i for i, b in enumerate(BACKENDS)}
-    return sorted(cases, key=lambda c: (order[c.backend], c.world, c.variant, c.dtype, -c.hidden, c.tokens,
-                                        MODES.index(c.mode)))
+    transports = list(TRANSPORTS)
+    return sorted(cases, key=lambda c: (order[c.backend], c.world, transports.index(c.transport), c.variant, c.dtype,
+                                        -c.hidden, c.tokens, MODES.index(c.mode)))

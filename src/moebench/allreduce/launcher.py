@@ -29,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 from moebench.allreduce import processes
 from moebench.allreduce.protocol import GroupSpec, Reader, messages_path, stderr_path, stdout_path, tail
+from moebench.allreduce.transport import LOG_ENV
 
 RankArgv = Callable[[Path, int], Sequence[str]]
 
@@ -60,6 +61,7 @@ class GroupRun:
     pids: list[int] = field(default_factory=list)
     elapsed_s: float = 0.0
     workdir: Path | None = None
+    rank0_log: str = ""  # the start of rank 0's output: NCCL's INFO lines say which transport it chose
 
 
 class GroupFailure(Exception):
@@ -87,6 +89,9 @@ def rank_env(spec: GroupSpec) -> dict[str, str]:
     env.setdefault("OMP_NUM_THREADS", "1")
     # All ranks are on this host: gloo's interface guess from the hostname can pick an unreachable one.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    if spec.backend == "nccl":  # NCCL says which transport it chose (unless the caller set logging)
+        for k, v in LOG_ENV.items():
+            env.setdefault(k, v)
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
@@ -265,12 +270,21 @@ def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv:
     finally:
         run.notes.extend(processes.kill_groups(procs, grace_s=deadlines.grace_s))
         run.elapsed_s = time.monotonic() - t0
+        run.rank0_log = _head(stdout_path(workdir, 0))
     if err is not None:
         run.error = _failure_text(spec, err, workdir, run)
     elif not keep_workdir:
         shutil.rmtree(workdir, ignore_errors=True)
         run.workdir = None
     return run
+
+
+def _head(path: Path, limit: int = 1 << 18) -> str:
+    try:
+        with open(path, "r", encoding="utf-8", errors="replace") as f:
+            return f.read(limit)
+    except OSError:
+        return ""
 
 
 def port_taken(run: GroupRun) -> bool:

@@ -58,8 +58,8 @@ class GroupSpec:
 
     def __post_init__(self) -> None:
         for c in self.cases:
-            if (c.backend, c.world, c.variant) != (self.backend, self.world, self.variant):
-                raise ValueError(f"case {c.id} does not belong to group {self.backend}-w{self.world}-{self.variant}")
+            if (c.backend, c.world, c.variant) != (self.backend, self.world, self.variant) or c.group != self.cases[0].group:
+                raise ValueError(f"case {c.id} does not belong to group {self.cases[0].group}")
 
     def to_json(self) -> dict[str, Any]:
         return {"backend": self.backend, "world": self.world, "variant": self.variant,

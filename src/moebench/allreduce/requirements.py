@@ -5,11 +5,15 @@ Parent side: NVML and package metadata only (no torch, no CUDA init, vllm is not
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import shutil
+import subprocess
 from typing import Any
 
 from moebench import hardware
 from moebench.allreduce.cases import VLLM_CUSTOM_AR_MAX_BYTES, AllreduceCase
+from moebench.allreduce.transport import why_not
 
 
 def vllm_importable() -> bool:
@@ -28,6 +32,20 @@ def ranks_topology(world: int, fp: dict[str, Any] | None = None) -> dict[str, An
             "pairs": mine}
 
 
+@functools.lru_cache(maxsize=1)
+def topo_matrix() -> str:
+    """`nvidia-smi topo -m` as it printed (the link matrix a reader knows), once per session; a line
+    saying why when it cannot be had."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return "nvidia-smi not found"
+    try:
+        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"nvidia-smi topo -m failed: {e}"
+    return r.stdout.strip() if r.returncode == 0 else f"nvidia-smi topo -m exited {r.returncode}: {r.stderr.strip()[:200]}"
+
+
 def skip_reason(case: AllreduceCase, fp: dict[str, Any] | None = None) -> str | None:
     """The reason this case cannot run here, or None when it can."""
     if not case.on_gpu:
@@ -36,6 +54,8 @@ def skip_reason(case: AllreduceCase, fp: dict[str, Any] | None = None) -> str | 
     have = len(fp.get("gpus") or [])
     if have < case.world:
         return f"needs {case.world} CUDA GPUs, NVML sees {have} visible here"
+    if case.transport != "auto":
+        return why_not(case.transport, ranks_topology(case.world, fp), case.world)
     if case.backend != "vllm_custom_ar":
         return None
     if case.nbytes >= VLLM_CUSTOM_AR_MAX_BYTES:

@@ -17,7 +17,8 @@ from moebench.allreduce.bandwidth import algbw_gbps, busbw_gbps
 from moebench.allreduce.cases import AllreduceCase, latency_rel_tol
 from moebench.allreduce.launcher import Deadlines, GroupRun, port_taken, run_group
 from moebench.allreduce.protocol import Fault, GroupSpec
-from moebench.allreduce.requirements import ranks_topology, skip_reason
+from moebench.allreduce.requirements import ranks_topology, skip_reason, topo_matrix
+from moebench.allreduce.transport import chosen, contradiction
 from moebench.metrics import Metric
 
 Launch = Callable[[GroupSpec, Deadlines], GroupRun]
@@ -66,18 +67,23 @@ def _nccl_env() -> dict[str, str]:
 def outcomes(run: GroupRun, fp: dict[str, Any] | None = None) -> dict[AllreduceCase, CaseOutcome]:
     """Split a launch into per-case outcomes (with what ran, the topology and the launch's notes)."""
     spec = run.spec
+    nccl = chosen(run.rank0_log) if spec.backend == "nccl" else None
     common = {
-        "group": f"{spec.backend}-w{spec.world}" + (f"-{spec.variant}" if spec.variant else ""),
+        "group": spec.cases[0].group if spec.cases else f"{spec.backend}-w{spec.world}",
         "cases_in_launch": len(spec.cases), "launch_s": round(run.elapsed_s, 2),
         "ranks": [m.get("info", {}) for m in run.ready], "inherited_env": _nccl_env(),
         "topology": ranks_topology(spec.world, fp) if spec.backend != "gloo" else {"interconnect": "host (gloo)"},
         "launch_notes": list(run.notes),
+        **({"nccl_chosen": nccl, "topo_matrix": topo_matrix()} if nccl is not None else {}),
     }
     out: dict[AllreduceCase, CaseOutcome] = {}
     for j, case in enumerate(spec.cases):
-        o = CaseOutcome(case, info={**common, "env": case.env})
+        o = CaseOutcome(case, info={**common, "env": case.env, "transport": case.transport})
         per_rank = run.results.get(j)
-        if per_rank is None:
+        wrong_path = contradiction(case.transport, nccl["summary"]) if nccl else None
+        if wrong_path and per_rank is not None:
+            o.error = f"{case.key}: {wrong_path} (NCCL: {', '.join(nccl['via'])})"
+        elif per_rank is None:
             o.error = run.error or f"launch of {common['group']} ended without a result for {case.id}"
         elif any(r.get("unsupported") for r in per_rank):
             o.unsupported = next(r["unsupported"] for r in per_rank if r.get("unsupported"))
