@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import os
 import re
 import sys
 import textwrap
@@ -466,16 +467,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `moebench` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        # Flushed here, inside the try: a reader that left early (`| head`) otherwise surfaces as an
+        # "Exception ignored" message from the interpreter's own flush at exit.
+        sys.stdout.flush()
+        return code
     except (CliError, RunsError, BaselineError) as e:
         print(f"moebench {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    # Before OSError, of which it is a subclass: caught after it, a closed pipe read "error: : Broken pipe".
+    except BrokenPipeError:  # `moebench ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
     except OSError as e:  # an output folder that cannot be written, say
         print(f"moebench {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:  # `moebench ... | head`
-        sys.stderr.close()
-        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not hit the closed pipe again
+    (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":
