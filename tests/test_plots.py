@@ -65,7 +65,7 @@ def test_runs_are_sorted_by_date_and_a_case_gone_from_the_latest_is_missing(tmp_
     p.write_text(json.dumps(later))
     runs = load_runs([p, *RUNS])
     assert runs[-1].path == str(p)
-    rows = plots.index_rows(plots.trends(runs), runs[-1])
+    rows = plots.index_rows(plots.trends(runs), runs)
     row = next(r for r in rows if r.key == COPY)
     assert row.verdict == "MISSING" and "not in the latest run" in row.note
 
