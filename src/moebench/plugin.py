@@ -13,7 +13,7 @@ from typing import Callable, Mapping
 
 import pytest
 
-from moebench import hardware, report
+from moebench import compat, hardware, report
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
@@ -75,6 +75,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if problem := compat.installed_problem():  # before every case errors at setup over it
+        raise pytest.UsageError(problem)
     root = Path(config.getoption("baseline_dir"))
     if not root.is_absolute():
         root = Path(config.rootpath) / root
