@@ -211,7 +211,7 @@ def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
         p = t.latest
         delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
         verdict = p.verdict if t.in_latest else "MISSING"
-        note = "" if t.in_latest else f"not in the latest run (last seen {p.label})"
+        note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))
     newest = {id(r) for r in [*latest_runs(runs).values(), *runs[-1:]]}
