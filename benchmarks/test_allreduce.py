@@ -15,7 +15,7 @@ pytestmark = pytest.mark.allreduce
 def _param(case: AllreduceCase):
     marks = [getattr(pytest.mark, case.backend)]
     if case.on_gpu:
-        marks += [pytest.mark.gpu, pytest.mark.gpus(case.world)]
+        marks += [pytest.mark.gpu, pytest.mark.gpus(n=case.world)]  # by keyword: -m "gpus(n=2)" matches only that form
     if not in_default_selection(case):
         marks.append(pytest.mark.full)
     return pytest.param(case, id=case.id, marks=marks)

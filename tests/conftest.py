@@ -110,7 +110,7 @@ def test_needs_gpu(moebench):
 
 
 @pytest.mark.gemm
-@pytest.mark.gpus(2)
+@pytest.mark.gpus(n=2)
 def test_needs_two_gpus(moebench):
     pytest.fail("a gpus(2) case ran on a box without GPUs")
 

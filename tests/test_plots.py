@@ -65,9 +65,9 @@ def test_runs_are_sorted_by_date_and_a_case_gone_from_the_latest_is_missing(tmp_
     p.write_text(json.dumps(later))
     runs = load_runs([p, *RUNS])
     assert runs[-1].path == str(p)
-    rows = plots.index_rows(plots.trends(runs), runs[-1])
+    rows = plots.index_rows(plots.trends(runs), runs)
     row = next(r for r in rows if r.key == COPY)
-    assert row.verdict == "MISSING" and "not in the latest run" in row.note
+    assert row.verdict == "MISSING" and "not in the latest selfcheck run on nvidia-h200-x1" in row.note
 
 
 def test_missing_matplotlib_is_one_clear_line(monkeypatch, capsys, tmp_path):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
+import os
 import re
 import sys
 import textwrap
@@ -24,7 +24,7 @@ from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError, validate_file
 from moebench.baselines.store import BaselineSet, atomic_write_text, dumps, family_path, load_file, merge_entries
 from moebench.runs import (MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, fmt_value, load_run,
-                           load_runs, parse_run)
+                           load_runs, parse_run, read_json)
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 _ORDER = ["REGRESSION", MISSING, "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS"]
@@ -287,14 +287,7 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
         if not files:
             raise CliError(f"{path}: no proposed baseline files (<hardware-key>/<family>.json) in this folder")
         return [s for f in files for s in _promotion_source(f)]
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CliError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise CliError(f"{path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
-    except json.JSONDecodeError as e:
-        raise CliError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+    doc = read_json(path)
     if isinstance(doc, dict) and "schema_version" in doc:
         validate_file(doc, str(path))
         return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
@@ -396,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "verdict (the reference's rel_tol and the larger noise of the two). Exit 1 when a case's "
                                    "verdict is one --fail-on names (REGRESSION by default), 2 on bad input."),
                        epilog="example: moebench compare out/last-night/results.json out/tonight/results.json")
-    c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json)")
+    c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json; .json.gz too)")
     c.add_argument("b", metavar="CANDIDATE.json", help="results file of the run under test")
     c.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
     c.add_argument("--fail-on", nargs="+", default=["REGRESSION"], choices=VERDICT_NAMES, metavar="VERDICT",
@@ -449,7 +442,8 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", formatter_class=fmt, help="trend plots per case and an index page",
                        description=_wrap("Plot each case's metric over the given runs (dates on the x axis, the baseline "
                                    "and its tolerance band, points coloured by verdict) into OUT/plots/, and write "
-                                   "OUT/index.html and OUT/index.md with every case's latest verdict. Needs "
+                                   "OUT/index.html and OUT/index.md with every case's latest verdict (MISSING: not in the latest "
+                                   "run of its family on its hardware). Results files may be .json.gz. Needs "
                                    "matplotlib (pip install 'moebench[plots]')."),
                        epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
     r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files, in any order (sorted by date)")
@@ -466,16 +460,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `moebench` console script; returns the exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        code = args.func(args)
+        # Flushed here, inside the try: a reader that left early (`| head`) otherwise surfaces as an
+        # "Exception ignored" message from the interpreter's own flush at exit.
+        sys.stdout.flush()
+        return code
     except (CliError, RunsError, BaselineError) as e:
         print(f"moebench {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
+    # Before OSError, of which it is a subclass: caught after it, a closed pipe read "error: : Broken pipe".
+    except BrokenPipeError:  # `moebench ... | head`: the reader has what it wanted
+        _silence_stdout()
+        return EXIT_OK
     except OSError as e:  # an output folder that cannot be written, say
         print(f"moebench {args.command}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return EXIT_USAGE
-    except BrokenPipeError:  # `moebench ... | head`
-        sys.stderr.close()
-        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not hit the closed pipe again
+    (the recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

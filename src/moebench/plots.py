@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from moebench.baselines.store import BaselineSet, atomic_write_text
-from moebench.runs import Run, fmt_value
+from moebench.runs import Run, fmt_value, latest_runs
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
@@ -88,11 +88,12 @@ def trends(runs: list[Run], *, metric: str | None = None, baselines: dict[str, B
     """Collect each case's points over `runs` (oldest first). The metric is `metric` or the case's primary
     in its latest run. With `baselines` (hardware key -> BaselineSet) the stored baseline and its rel_tol
     draw the line and band; otherwise each run's own recorded baseline and the metric's rel_tol do."""
-    latest_run = runs[-1] if runs else None
+    latest = latest_runs(runs)
     keys = sorted({k for r in runs for k in r.cases})
     out: list[CaseTrend] = []
     for key in keys:
-        last = next(r.cases[key] for r in reversed(runs) if key in r.cases)
+        last_run = next(r for r in reversed(runs) if key in r.cases)
+        last = last_run.cases[key]
         name = metric or last.primary or next(iter(last.metrics), None)
         if name is None:
             continue
@@ -115,7 +116,7 @@ def trends(runs: list[Run], *, metric: str | None = None, baselines: dict[str, B
             continue
         m = last.metrics[name].metric if name in last.metrics else None
         out.append(CaseTrend(key, last.family, hw, name, m.unit if m else "", m.direction if m else "lower", pts,
-                             latest_run is not None and key in latest_run.cases))
+                             key in latest[last_run.hardware_key, last.family].cases))
     return out
 
 
@@ -202,17 +203,21 @@ class IndexRow:
     note: str = ""
 
 
-def index_rows(case_trends: list[CaseTrend], latest: Run | None) -> list[IndexRow]:
-    """Index lines, worst first: every plotted case, then what the latest run did not measure."""
+def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
+    """Index lines, worst first: every plotted case, then what the latest run of each family on each
+    hardware key (and the latest run of all) did not measure. `runs` oldest first."""
     rows = []
     for t in case_trends:
         p = t.latest
         delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
         verdict = p.verdict if t.in_latest else "MISSING"
-        note = "" if t.in_latest else f"not in the latest run (last seen {p.label})"
+        note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))
-    for r in (latest.not_measured if latest else []):
+    newest = {id(r) for r in [*latest_runs(runs).values(), *runs[-1:]]}
+    not_measured = {str(r.get("key") or r.get("nodeid", "")): r
+                    for run in runs if id(run) in newest for r in run.not_measured}
+    for r in not_measured.values():
         rows.append(IndexRow(str(r.get("verdict", "")), str(r.get("key") or r.get("nodeid", "")), "-", "-", "-", "-",
                              0, None, str(r.get("note", ""))))
     return sorted(rows, key=lambda r: (_SEVERITY.index(r.verdict) if r.verdict in _SEVERITY else 0, r.key))
@@ -272,7 +277,7 @@ def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
         plot_trend(t, out / t.png)
         written.append(out / t.png)
     latest = runs[-1] if runs else None
-    rows = index_rows(case_trends, latest)
+    rows = index_rows(case_trends, runs)
     if case_filter is not None:
         rows = [r for r in rows if r.png or case_filter(r.key)]
     hw = ", ".join(dict.fromkeys(r.hardware_key for r in runs))

@@ -14,12 +14,12 @@ from typing import Callable, Mapping
 
 import pytest
 
-from moebench import hardware, interrupts, report
+from moebench import compat, hardware, interrupts, report
 from moebench.baselines.compare import Verdict
-from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
-from moebench.decode.breakdown_report import breakdown_tables
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
+from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
+from moebench.decode.breakdown_report import breakdown_tables
 from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.session import CaseResult, Row, RunState
@@ -94,6 +94,8 @@ def pytest_sessionstart(session: pytest.Session):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if problem := compat.installed_problem():  # before every case errors at setup over it
+        raise pytest.UsageError(problem)
     try:
         _configure(config)
     except KeyboardInterrupt:

@@ -15,6 +15,7 @@ Every problem is a RunsError whose message is one line naming the file and the f
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import re
@@ -29,6 +30,7 @@ from moebench.metrics import DIRECTIONS, Metric
 # A case present in the reference run but not in the candidate: not a verdict of the gate, but a
 # reviewer must see it (a case that stopped running hides its regressions).
 MISSING = "MISSING"
+_GZIP_MAGIC = b"\x1f\x8b"
 
 
 class RunsError(ValueError):
@@ -193,25 +195,44 @@ def parse_run(doc: Any, where: str) -> Run:
                str(doc.get("commit") or "unknown"), fp, cases, [r for r in nm if isinstance(r, dict)])
 
 
-def load_run(path: str | Path) -> Run:
-    """Read and validate one results file. Raises RunsError with a one-line message."""
+def read_json(path: str | Path) -> Any:
+    """The parsed JSON of a file, plain or gzip-compressed (results are kept as `.json.gz`, as in
+    docs/device-runs/; told apart by the gzip magic bytes, not the name). Raises RunsError in one line."""
     where = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
+        if data[:2] == _GZIP_MAGIC:
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise RunsError(f"{where}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError; a cut-off one, EOFError
         raise RunsError(f"{where}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     try:
-        doc = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise RunsError(f"{where}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
-    return parse_run(doc, where)
+
+
+def load_run(path: str | Path) -> Run:
+    """Read (plain or `.json.gz`) and validate one results file. Raises RunsError with a one-line message."""
+    return parse_run(read_json(path), str(path))
 
 
 def load_runs(paths: Iterable[str | Path]) -> list[Run]:
     """Several results files, oldest first (by their `started` date)."""
     return sorted((load_run(p) for p in paths), key=lambda r: (r.started, r.path))
+
+
+def latest_runs(runs: list[Run]) -> dict[tuple[str, str], Run]:
+    """The newest run (of `runs`, oldest first) that measured each family on each hardware key:
+    {(hardware key, family): run}. There is no one latest run across families (an allreduce run after a
+    gemm run does not make every gemm case MISSING), nor across machines, which measure different cases."""
+    out: dict[tuple[str, str], Run] = {}
+    for r in runs:
+        for c in r.cases.values():
+            out[r.hardware_key, c.family] = r
+    return out
 
 
 def baseline_entries(run: Run) -> dict[str, dict[str, dict]]:

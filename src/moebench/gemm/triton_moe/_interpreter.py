@@ -6,6 +6,11 @@ Triton 3.6's interpreter gets three conversions wrong; the GPU does all of them 
     biased), which would make the CPU tests measure the interpreter instead of the kernels;
   * float32 -> float8e4nv casts that round up across a power of two lose the carry into the
     exponent (127.6 becomes 64, not 128).
+And one that NumPy broke: the interpreter holds a scalar (a kernel argument, tl.program_id) as a
+1-element array and turns it into a loop bound with int(array), which NumPy 2.4 refuses for arrays
+with ndim > 0 (TypeError "only 0-dimensional arrays can be converted to Python scalars"). Every
+`range()` with a runtime bound failed, e.g. the fp8 activation quantization's. Fixed upstream after
+3.6 (triton-lang/triton#9171, PR #9172); the pinned Triton 3.6.0 still has it.
 """
 
 import numpy as np
@@ -53,4 +58,14 @@ def patch():
         return fp_to_fp(self, src, dst_type, rounding_mode)
 
     builder.create_dot, builder.cast_impl, builder.create_fp_to_fp = create_dot, cast_impl, create_fp_to_fp
+
+    patch_tensor = interpreter._patch_lang_tensor
+
+    def patch_lang_tensor(tensor, scope):
+        patch_tensor(tensor, scope)
+        # After the interpreter's own __index__, so its scope restores both in order after the launch.
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+
+    # _patch_lang looks this module global up at every launch, so replacing it here takes effect.
+    interpreter._patch_lang_tensor = patch_lang_tensor
     builder.moebench_patched = True
