@@ -39,9 +39,11 @@ def test_the_table_shows_every_term_and_the_breakdown():
     p = predict.predict(DECODE, SYNTHETIC, world=2)
     rows = p.rows()
     labels = [r[0] for r in rows]
-    assert labels[0].startswith("rank step, measured (decode[kimi-k2.5-int4-rank")
+    assert labels[0] == "rank step, measured (steady ms/token)"
     assert "  GPU: routed experts" in labels and "  host gap" in labels
-    assert labels[-2].startswith("allreduce: 2 x 61 layers x 10.00 us (allreduce[nccl-w2-h7168-t1-bf16-graph]")
+    assert labels[-2] == "allreduce: 2 x 61 layers x 10.00 us"
+    assert p.sources()[0].startswith("rank step: decode[kimi-k2.5-int4-rank-vllm-tp1")
+    assert p.sources()[1] == f"allreduce: allreduce[nccl-w2-h7168-t1-bf16-graph] in {SYNTHETIC}"
     assert rows[-1] == ["predicted TP2 ms/token (auto)", f"{RANK_MS + 1.22:.3f}", "100.0%"]
     doc = json.loads(predict.as_json(p))
     assert doc["predicted_ms_per_token"] == pytest.approx(RANK_MS + 1.22) and len(doc["assumptions"]) == 5
@@ -62,8 +64,9 @@ def test_from_the_committed_two_gpu_baselines():
     ({"world": 2, "case_pattern": "glm"}, "no decode case matching 'glm'"),
 ])
 def test_missing_inputs_are_named(kw, message):
-    with pytest.raises(predict.PredictError, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(predict.PredictError) as e:
         predict.predict(DECODE, SYNTHETIC, **kw)
+    assert message in str(e.value)
 
 
 def test_the_users_box_has_no_stored_allreduce_and_says_so():

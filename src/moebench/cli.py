@@ -366,6 +366,26 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_predict(args: argparse.Namespace) -> int:
+    """A TP-N ms/token from a rank's decode result and a box's allreduce latency, every term shown."""
+    from moebench import predict
+    from moebench.report import aligned
+
+    try:
+        p = predict.predict(Path(args.decode), Path(args.allreduce), world=args.world, transport=args.transport,
+                            scale=args.allreduce_scale, case_pattern=args.case, layers=args.layers, hidden=args.hidden)
+    except predict.PredictError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        print(predict.as_json(p))
+        return EXIT_OK
+    print(aligned(["term", "ms/step", "share"], p.rows()))
+    print("\n".join(["", *p.sources()]))
+    print(f"allreduce share of the predicted TP{p.world} step: {100 * p.allreduce_share:.1f}%")
+    print("assumed: " + "; ".join(predict.ASSUMPTIONS))
+    return EXIT_OK
+
+
 # --- the parser ---------------------------------------------------------------------------------
 
 def _wrap(text: str) -> str:
@@ -382,7 +402,8 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
                 epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
                        "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
-    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report}", required=True)
+    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report,predict}",
+                          required=True)
 
     c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
                        description=_wrap("Compare a candidate run with a reference run, case by case, with the gate's own "
@@ -453,6 +474,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the baselines stored here (default: the baseline each run recorded)")
     r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
     r.set_defaults(func=cmd_report)
+
+    pd = sub.add_parser("predict", formatter_class=fmt, help="TP-N ms/token from a rank's decode and a box's allreduce",
+                        description=_wrap("Predict a TP-N decode step from a decode result of one TP rank's share of a "
+                                    "model (kimi-k2.5-int4-rank: one of Kimi-K2.5's TP8 ranks) and the allreduce latency "
+                                    "of a box (a results file or its baselines): the rank's steady ms/token plus two "
+                                    "allreduces of one token's hidden state per layer, in graph mode. Every term and "
+                                    "assumption is printed; a missing input is named."),
+                        epilog="example: moebench predict out/decode.json baselines/nvidia-h200-x2 --world 2\n"
+                               "         moebench predict out/decode.json baselines/nvidia-h200-x2 --world 2 "
+                               "--allreduce-scale 0.5   # what if allreduce were 2x faster")
+    pd.add_argument("decode", metavar="DECODE.json", help="results file of a decode run (--results-json; .json.gz too)")
+    pd.add_argument("allreduce", metavar="ALLREDUCE",
+                    help="allreduce results file, baseline file, or a baselines/<hardware-key>/ folder")
+    pd.add_argument("--world", type=int, required=True, metavar="N", help="tensor-parallel size to predict")
+    pd.add_argument("--transport", default="auto", choices=("auto", "pcie", "pcie-p2p"),
+                    help="the allreduce cases' transport (default: auto, NCCL's own choice)")
+    pd.add_argument("--allreduce-scale", type=float, default=1.0, metavar="X",
+                    help="multiply the allreduce latency by X (0.5: twice as fast)")
+    pd.add_argument("--case", metavar="TEXT", help="the decode case whose key contains TEXT (default: the profiled one)")
+    pd.add_argument("--layers", type=int, metavar="N", help="layers of the model (default: from the shipped config)")
+    pd.add_argument("--hidden", type=int, metavar="N", help="hidden size (default: from the shipped config)")
+    pd.add_argument("--json", action="store_true", help="the terms as JSON instead of a table")
+    pd.set_defaults(func=cmd_predict)
     return p
 
 

@@ -75,13 +75,18 @@ class Prediction:
         def row(label: str, ms: float) -> list[str]:
             return [label, f"{ms:.3f}", f"{100 * ms / self.total_ms:.1f}%"]
 
-        out = [row(f"rank step, measured ({self.decode_key})", self.rank_ms)]
+        out = [row("rank step, measured (steady ms/token)", self.rank_ms)]
         out += [row(f"  {label}", ms) for label, ms in self.breakdown.items()]
         scaled = f" x {self.scale:g}" if self.scale != 1.0 else ""
-        out.append(row(f"allreduce: {ALLREDUCES_PER_LAYER} x {self.layers} layers x {self.allreduce_us:.2f} us{scaled} "
-                       f"({self.allreduce_key}, {self.allreduce_source})", self.allreduce_ms))
+        out.append(row(f"allreduce: {ALLREDUCES_PER_LAYER} x {self.layers} layers x {self.allreduce_us:.2f} us{scaled}",
+                       self.allreduce_ms))
         out.append(row(f"predicted TP{self.world} ms/token ({self.transport})", self.total_ms))
         return out
+
+    def sources(self) -> list[str]:
+        """Where the terms came from, one line each."""
+        return [f"rank step: {self.decode_key}",
+                f"allreduce: {self.allreduce_key} in {self.allreduce_source}"]
 
 
 def read_doc(path: Path) -> Any:

@@ -19,8 +19,6 @@ complete: the last annotated step can be cut by the stop of the profiler, so it 
 from __future__ import annotations
 
 import bisect
-import gzip
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,13 +60,12 @@ class Steps:
 
 def load_events(path: Path | str) -> list[dict]:
     """The trace's event list. Raises TraceError naming the file when it is not a Chrome trace."""
-    path = Path(path)
+    from moebench.runs import RunsError, read_json
+
     try:
-        raw = path.read_bytes()
-        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
-        doc = json.loads(text)
-    except (OSError, EOFError, gzip.BadGzipFile, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TraceError(f"{path}: not a readable profiler trace: {e}") from None
+        doc = read_json(path)
+    except RunsError as e:
+        raise TraceError(f"{path}: not a readable profiler trace: {str(e).removeprefix(f'{path}: ')}") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):
         raise TraceError(f"{path}: no traceEvents list (not a Chrome trace)")
