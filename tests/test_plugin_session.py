@@ -183,3 +183,16 @@ def test_what_moved_and_what_ran_differently_reach_the_failure_line_the_row_and_
     # a passing case says nothing of what moved, but still what ran differently
     ok = record(state(bs), Source(100.0), explain=lambda c, m: "never shown", recorded=lambda: ran)
     assert ok.verdict is Verdict.PASS and ok.explanation == "attention: FLASH_ATTN_MLA -> TRITON_MLA"
+
+
+def test_every_regressed_metric_is_named_in_the_failure_line():
+    class Two:
+        def __call__(self):
+            return {"lat": Metric.from_samples([130.0] * 3, "us", "lower"),
+                    "other": Metric.from_samples([150.0] * 3, "us", "lower")}
+
+    s = state(baseline_set({"lat": 100.0, "other": 100.0}))
+    r = record(s, Two())
+    line = s.failure_line(r)
+    assert line.startswith("REGRESSION k[1] lat: 130 us, baseline 100 us, delta +30.0%")
+    assert line.endswith("; also REGRESSION: other +50.0%")

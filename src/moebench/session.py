@@ -196,6 +196,12 @@ class RunState:
         for name, c in r.comparisons.items():
             if c.verdict is r.verdict:
                 line = one_line(r.key, name, c, r.measurement.metrics[name].unit)
+                # every other metric with the same verdict is named too: the first is not always the one
+                # that explains the failure (a noisy TTFT beside a slower kernel category)
+                also = [f"{n} {oc.delta_pct:+.1f}%" for n, oc in r.comparisons.items()
+                        if n != name and oc.verdict is r.verdict and oc.delta_pct is not None]
+                if also:
+                    line += f"; also {r.verdict.value}: {', '.join(also)}"
                 return f"{line}; {r.explanation}" if r.explanation else line
         return f"{r.verdict.value} {r.key}"
 
