@@ -74,3 +74,24 @@ def test_default_reference_is_vllm_triton_when_present(capsys):
     doc["cases"] += extra
     run = parse_run(doc, "with-vllm.json")
     assert backend_matrix(run, reference="vllm_triton")[1][SHAPE]["vllm_triton"].speedup == 1.0
+
+
+def test_decode_backends_side_by_side_show_ms_per_token_and_the_experts_ms_per_step(tmp_path, capsys):
+    from moebench.cli import main
+
+    def case(backend: str, ms: float, experts: float) -> dict:
+        group = "decode[kimi-k2.5-shard-vllm-tp1-bf16-attn_auto-graph-p64-o128]"
+        return {"key": group.replace("-attn", f"-moe_{backend}-attn"), "family": "decode", "verdict": "PASS",
+                "primary": "ms_per_token", "group": group, "info": {"backend": backend},
+                "metrics": {"ms_per_token": {"value": ms, "unit": "ms", "direction": "lower", "gated": True},
+                            "step_routed_experts_ms": {"value": experts, "unit": "ms", "direction": "lower",
+                                                       "gated": True}}}
+
+    doc = {"hardware_key": "h", "started": "2026-12-01T00:00:00Z", "commit": "c",
+           "cases": [case("triton", 2.0, 0.8), case("cutlass", 1.6, 0.4)]}
+    path = tmp_path / "r.json"
+    path.write_text(__import__("json").dumps(doc))
+    assert main(["backends", str(path), "--family", "decode", "--reference", "triton"]) == 0
+    out = capsys.readouterr().out
+    assert "metric ms_per_token" in out and "metric step_routed_experts_ms" in out
+    assert "1.25x" in out and "2.00x" in out  # 2.0/1.6 ms/token, 0.8/0.4 ms/step

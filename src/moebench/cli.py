@@ -135,17 +135,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # --- backends -----------------------------------------------------------------------------------
 
 def cmd_backends(args: argparse.Namespace) -> int:
-    """Backends side by side per shape: value, speedup against the reference backend, % of the floor."""
+    """Backends side by side per shape: value, speedup against the reference backend, % of the floor;
+    one table per --metric (decode: ms/token and the routed experts' ms/step by default)."""
+    metrics = args.metric or ([None, "step_routed_experts_ms"] if args.family == "decode" else [None])
+    for i, metric in enumerate(metrics):
+        if i:
+            print()
+        _backends_table(args, metric)
+    return EXIT_OK
+
+
+def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
     run = load_run(args.results)
     reference = args.reference
     if reference is None:
         present = {c.backend for c in run.cases.values() if c.backend}
         reference = "vllm_triton" if "vllm_triton" in present else None
-    backends, groups, metric = backend_matrix(run, reference=reference, metric=args.metric,
+    backends, groups, metric = backend_matrix(run, reference=reference, metric=metric,
                                               floor_metric=args.floor_metric, family=args.family)
     if reference is None:
         reference = backends[0]
-        backends, groups, metric = backend_matrix(run, reference=reference, metric=args.metric,
+        backends, groups, metric = backend_matrix(run, reference=reference, metric=metric,
                                                   floor_metric=args.floor_metric, family=args.family)
     print(f"{run.path}: {run.hardware_key}, {run.label}")
     print(f"metric {metric}; speedup = times faster than {reference} on the same shape; "
@@ -169,7 +179,6 @@ def cmd_backends(args: argparse.Namespace) -> int:
         rows.append(cells)
     print(table(["shape"] + [b + (" (ref)" if b == reference else "") for b in backends], rows,
                 right=tuple(range(1, len(backends) + 1))))
-    return EXIT_OK
 
 
 # --- baselines ----------------------------------------------------------------------------------
@@ -428,7 +437,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("results", metavar="RESULTS.json", help="results file of a run with several backends")
     b.add_argument("--reference", metavar="BACKEND",
                    help="backend the speedups are against (default: vllm_triton when present, else the first)")
-    b.add_argument("--metric", metavar="NAME", help="metric to put side by side (default: each case's primary)")
+    b.add_argument("--metric", metavar="NAME", action="append",
+                   help="metric to put side by side, one table each (repeatable; default: each case's primary, and "
+                        "for --family decode also step_routed_experts_ms)")
     b.add_argument("--floor-metric", default="pct_of_floor", metavar="NAME",
                    help="metric giving the %% of the floor (default: pct_of_floor)")
     b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")

@@ -227,7 +227,9 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
             moebench.skip_other_hardware(case.key, "decode", reason)
         pytest.skip(reason)
     s = case.scenario
+    # backend: the MoE kernel axis of `moebench backends` (the pin, or the kernel an "auto" must get)
     info: dict = {"scenario": s.name, "engine": case.engine, "model_dir": str(s.model_dir),
+                  "backend": s.expect_moe.lower() or s.moe_backend,
                   "config_sha256": s.config_digest(),
                   "trials": s.trials, "warmup_trials": s.warmup_trials}
     attempt = [0]
@@ -284,8 +286,10 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
 
     failure: EngineError | None = None
     try:
+        # group: the key without its MoE token, so cases that differ only in the kernel sit side by side
+        # (`moebench backends`, pytest-benchmark's tables)
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
-                        group=f"decode {s.model_tag}", explain=explain, recorded=engine_used)
+                        group=case.key.replace(f"-moe_{s.moe_backend}-", "-"), explain=explain, recorded=engine_used)
     except EngineError as e:
         failure = e
     if failure is not None:  # outside the except block: the report shows this message, not a chain
