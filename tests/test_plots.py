@@ -94,3 +94,14 @@ def test_report_bad_inputs_are_exit_2(tmp_path, capsys):
 def test_png_names_are_plain_files():
     assert plots.png_name("gemm[kimi-k2.5-tp8-gemm1-m1-bf16-triton]", "graph_us") == \
         "gemm_kimi-k2.5-tp8-gemm1-m1-bf16-triton___graph_us.png"
+
+
+def test_the_report_carries_the_decode_step_breakdown_of_the_latest_run(tmp_path):
+    from moebench.cli import main
+
+    src = Path(__file__).parent / "data" / "results-decode-kimi-int4-rank-h200.json"
+    assert main(["report", str(src), "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "index.md").read_text()
+    assert "## decode step breakdown: decode[kimi-k2.5-int4-rank-vllm-tp1" in md
+    assert "| routed experts (gated) | 1.430 |" in md
+    assert "decode step breakdown" in (tmp_path / "index.html").read_text()
