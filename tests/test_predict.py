@@ -54,6 +54,10 @@ def test_from_the_committed_two_gpu_baselines():
     assert p.decode_key.startswith("decode[kimi-k2.5-int4-rank-vllm-server")
     assert p.allreduce_source.endswith("allreduce.json") and 5 < p.allreduce_us < 50
     assert p.total_ms == pytest.approx(p.rank_ms + 2 * 61 * p.allreduce_us / 1000)
+    car = predict.predict(DECODE, REPO / "baselines" / "nvidia-h200-x2", world=2, backend="vllm_custom_ar")
+    assert car.allreduce_key == "allreduce[vllm_custom_ar-w2-h7168-t1-bf16-graph]" and car.allreduce_us < p.allreduce_us
+    with pytest.raises(predict.PredictError, match="transports steer NCCL"):
+        predict.predict(DECODE, SYNTHETIC, world=2, backend="vllm_custom_ar", transport="pcie")
 
 
 @pytest.mark.parametrize("kw, message", [

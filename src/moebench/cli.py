@@ -382,7 +382,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     try:
         p = predict.predict(Path(args.decode), Path(args.allreduce), world=args.world, transport=args.transport,
-                            scale=args.allreduce_scale, case_pattern=args.case, layers=args.layers, hidden=args.hidden)
+                            scale=args.allreduce_scale, case_pattern=args.case, layers=args.layers, hidden=args.hidden,
+                            backend=args.backend)
     except predict.PredictError as e:
         raise CliError(str(e)) from None
     if args.json:
@@ -501,6 +502,9 @@ def build_parser() -> argparse.ArgumentParser:
     pd.add_argument("--world", type=int, required=True, metavar="N", help="tensor-parallel size to predict")
     pd.add_argument("--transport", default="auto", choices=("auto", "pcie", "pcie-p2p"),
                     help="the allreduce cases' transport (default: auto, NCCL's own choice)")
+    pd.add_argument("--backend", default="nccl", choices=("nccl", "vllm_custom_ar"),
+                    help="the allreduce the engine uses (default: nccl; vLLM takes vllm_custom_ar for decode sizes "
+                         "on NVLink and on two PCIe GPUs)")
     pd.add_argument("--allreduce-scale", type=float, default=1.0, metavar="X",
                     help="multiply the allreduce latency by X (0.5: twice as fast)")
     pd.add_argument("--case", metavar="TEXT", help="the decode case whose key contains TEXT (default: the profiled one)")

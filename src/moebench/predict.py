@@ -11,7 +11,9 @@ their CUDA graphs. So:
 Assumed, and printed with every prediction: no overlap of compute and communication; the rank's own
 step unchanged at TP-N (it holds exactly 1/N of the work); the vocab-parallel LM head's gather and the
 embedding's allreduce (one each per step) left out. Works on stored files alone: a decode results file,
-and an allreduce results file or baseline file of the target box.
+and an allreduce results file or baseline file of the target box. The allreduce backend is the one the
+engine would use: NCCL, or vLLM's custom allreduce (`vllm_custom_ar`), which vLLM takes for decode-size
+messages on NVLink and on two PCIe GPUs.
 """
 
 from __future__ import annotations
@@ -161,7 +163,8 @@ def allreduce_file(path: Path) -> Path:
 
 
 def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: str = "auto", scale: float = 1.0,
-            case_pattern: str | None = None, layers: int | None = None, hidden: int | None = None) -> Prediction:
+            case_pattern: str | None = None, layers: int | None = None, hidden: int | None = None,
+            backend: str = "nccl") -> Prediction:
     """The prediction from the files (see the module docstring)."""
     if world < 2:
         raise PredictError(f"--world {world}: tensor parallelism needs at least 2 ranks")
@@ -173,7 +176,9 @@ def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: s
         raise PredictError(f"{decode_path}: {case.get('key')} has no ms_per_token")
     n_layers, h = model_shape(case, layers, hidden)
     suffix = "" if transport == "auto" else f"-{transport}"
-    ar_key = f"allreduce[nccl-w{world}-h{h}-t1-bf16-graph{suffix}]"
+    if transport != "auto" and backend != "nccl":
+        raise PredictError(f"--transport {transport}: transports steer NCCL; --backend {backend} has none")
+    ar_key = f"allreduce[{backend}-w{world}-h{h}-t1-bf16-graph{suffix}]"
     ar_path = allreduce_file(allreduce_path)
     lat = allreduce_latency(read_doc(ar_path), str(ar_path), ar_key)
     metrics = case.get("metrics") or {}
