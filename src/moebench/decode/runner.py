@@ -195,8 +195,9 @@ def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callabl
     if case.engine_kind == "url" or s.model_dir is None:
         info["floor"] = "not computed: the server may run on another machine"
         return {}
+    config = models.read_config(s.model_dir)
     try:
-        wb = floor.weight_bytes_per_token(models.read_config(s.model_dir), s.dtype, s.quantization or None, s.tp)
+        wb = floor.weight_bytes_per_token(config, s.dtype, s.quantization or None, s.tp)
     except floor.FloorUnknown as e:
         info["floor"] = f"not computed: {e}"
         return {}
@@ -210,7 +211,7 @@ def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callabl
     out = {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
            "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
     # the attention reads the KV cache: the mean context over a trial's decode steps
-    kv = floor.kv_cache_bytes(models.read_config(s.model_dir), s.prompt_tokens + s.output_tokens / 2, s.dtype)
+    kv = floor.kv_cache_bytes(config, s.prompt_tokens + s.output_tokens / 2, s.dtype)
     info["floor"]["kv_cache_mean"] = round(kv)
     for cat, nbytes in wb.by_category(kv).items():
         m = metrics.get(f"step_{cat}_ms")
