@@ -146,3 +146,12 @@ def test_one_line_higher_is_better_and_without_baseline():
     new = one_line("d[x]", "tok_s", compare_metric(m(45, "higher"), None), "tok/s")
     assert new == "NEW d[x] tok_s: 45 tok/s, no baseline"
     assert "\n" not in new
+
+
+def test_one_display_order_for_every_table_follows_the_gates_severity():
+    from moebench.baselines.compare import DISPLAY_ORDER, SEVERITY, display_rank
+
+    gate = [v for v in DISPLAY_ORDER if v in {x.value for x in Verdict}]
+    assert gate == [v.value for v in sorted(Verdict, key=SEVERITY.__getitem__, reverse=True)]
+    assert DISPLAY_ORDER[:4] == ("REGRESSION", "FAIL", "ERROR", "MISSING") and DISPLAY_ORDER[-1] == "SKIP"
+    assert display_rank("SOMETHING NEW") == -1  # an outcome nobody ranked sorts first

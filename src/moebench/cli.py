@@ -20,14 +20,13 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from moebench.baselines.compare import Verdict
+from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.schema import BaselineError, validate_file
 from moebench.baselines.store import BaselineSet, atomic_write_text, dumps, family_path, load_file, merge_entries
 from moebench.runs import (MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, fmt_value, load_run,
                            load_runs, parse_run, read_json)
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-_ORDER = ["REGRESSION", MISSING, "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS"]
 VERDICT_NAMES = [v.value for v in Verdict] + [MISSING]
 
 
@@ -71,7 +70,7 @@ def _tally(verdicts: Sequence[str]) -> str:
     counts: dict[str, int] = {}
     for v in verdicts:
         counts[v] = counts.get(v, 0) + 1
-    order = sorted(counts, key=lambda v: _ORDER.index(v) if v in _ORDER else len(_ORDER))
+    order = sorted(counts, key=display_rank)
     return ", ".join(f"{counts[v]} {v}" for v in order) or "no cases"
 
 
@@ -105,7 +104,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     keep = _matcher(args.case)
     _check_patterns(args.case, [d.key for d in deltas], f"{args.a} or {args.b}")
     deltas = [d for d in deltas if keep is None or keep(d.key)]
-    deltas.sort(key=lambda d: (_ORDER.index(d.verdict) if d.verdict in _ORDER else 0, d.key))
+    deltas.sort(key=lambda d: (display_rank(d.verdict), d.key))
     print(f"reference  {a.path}: {a.hardware_key}, {a.label}")
     print(f"candidate  {b.path}: {b.hardware_key}, {b.label}")
     if a.hardware_key != b.hardware_key and not args.ignore_hardware:

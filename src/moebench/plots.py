@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from moebench.baselines.compare import display_rank
 from moebench.baselines.store import BaselineSet, atomic_write_text
 from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
 from moebench.decode.breakdown_report import breakdown_tables
@@ -29,8 +30,6 @@ VERDICT_COLOURS = {
     "NEW": "#7f7f7f", "STALE": "#9467bd", "ENV_MISMATCH": "#8c564b", "FAIL": "#d62728", "ERROR": "#d62728",
     "SKIP": "#bbbbbb", "MISSING": "#bbbbbb",
 }
-_SEVERITY = ["REGRESSION", "FAIL", "ERROR", "MISSING", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT",
-             "PASS", "SKIP"]
 
 
 class PlotsUnavailable(RuntimeError):
@@ -223,7 +222,7 @@ def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
     for r in not_measured.values():
         rows.append(IndexRow(str(r.get("verdict", "")), str(r.get("key") or r.get("nodeid", "")), "-", "-", "-", "-",
                              0, None, str(r.get("note", ""))))
-    return sorted(rows, key=lambda r: (_SEVERITY.index(r.verdict) if r.verdict in _SEVERITY else 0, r.key))
+    return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key))
 
 
 def _counts(rows: list[IndexRow]) -> str:

@@ -7,12 +7,10 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from moebench.baselines.compare import display_rank
 from moebench.baselines.store import atomic_write_text
 from moebench.session import Row
 
-# The gate's verdicts plus a test's own outcomes (FAIL: the test body failed; ERROR: its setup or teardown
-# did; SKIP), worst first.
-_ORDER = ["REGRESSION", "FAIL", "ERROR", "STALE", "AMBIGUOUS", "NEW", "ENV_MISMATCH", "IMPROVEMENT", "PASS", "SKIP"]
 # Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
 # is what the reader came for, and as the last column it only wraps.
 CELL_WIDTH = 90
@@ -50,7 +48,7 @@ HEADER = ["verdict", "case", "metric", "value", "baseline", "delta", "note"]
 
 def sorted_rows(rows: Iterable[Row]) -> list[Row]:
     """Worst first, then by case key."""
-    return sorted(rows, key=lambda r: (_ORDER.index(r.verdict) if r.verdict in _ORDER else 0, r.key or r.nodeid))
+    return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key or r.nodeid))
 
 
 def display_rows(rows: Iterable[Row]) -> list[Row]:
@@ -100,7 +98,7 @@ def counts(rows: Iterable[Row]) -> str:
     tally: dict[str, int] = {}
     for r in rows:
         tally[r.verdict] = tally.get(r.verdict, 0) + 1
-    return ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=lambda v: _ORDER.index(v) if v in _ORDER else 0))
+    return ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=display_rank))
 
 
 def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:

@@ -31,6 +31,18 @@ class Verdict(str, enum.Enum):
 
 SEVERITY = {v: i for i, v in enumerate(Verdict)}
 
+# The one order every table, tally and plot shows outcomes in, worst first: the gate's verdicts by
+# SEVERITY, with a test's own outcomes (FAIL: its body failed; ERROR: its setup or teardown did) and a
+# compare's MISSING (in the reference run, not in the candidate) after REGRESSION, and SKIP last.
+DISPLAY_ORDER = ("REGRESSION", "FAIL", "ERROR", "MISSING",
+                 *(v.value for v in sorted(Verdict, key=SEVERITY.__getitem__, reverse=True) if v is not Verdict.REGRESSION),
+                 "SKIP")
+
+
+def display_rank(outcome: str) -> int:
+    """Where an outcome sorts in DISPLAY_ORDER (an unknown one first: it needs a look)."""
+    return DISPLAY_ORDER.index(outcome) if outcome in DISPLAY_ORDER else -1
+
 
 @dataclass(frozen=True)
 class Comparison:
