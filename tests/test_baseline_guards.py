@@ -106,6 +106,9 @@ import moebench.hardware
 
 PHASE = os.environ.get("MOEBENCH_TEST_SIGINT")
 _fingerprint, _replace = moebench.hardware.fingerprint, os.replace
+# Python's own Ctrl-C handler, as in a terminal: a run started in the background of a non-interactive
+# shell inherits SIGINT ignored, and the signal below would then do nothing.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def fingerprint():
