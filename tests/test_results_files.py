@@ -1,4 +1,4 @@
-"""Results files as `moebench` reads them: gzip-compressed ones (`.json.gz`, how docs/device-runs/ keeps
+"""Results files as `moebench` reads them: gzip-compressed ones (`.json.gz`, how lent-machine runs keep
 them) wherever plain ones are accepted, and runs of several families in one report."""
 
 from __future__ import annotations

@@ -196,8 +196,8 @@ def parse_run(doc: Any, where: str) -> Run:
 
 
 def read_json(path: str | Path) -> Any:
-    """The parsed JSON of a file, plain or gzip-compressed (results are kept as `.json.gz`, as in
-    docs/device-runs/; told apart by the gzip magic bytes, not the name). Raises RunsError in one line."""
+    """The parsed JSON of a file, plain or gzip-compressed (lent-machine runs keep results as `.json.gz`;
+    told apart by the gzip magic bytes, not the name). Raises RunsError in one line."""
     where = str(path)
     try:
         data = Path(path).read_bytes()
