@@ -4,6 +4,7 @@
     moebench backends RESULTS.json            MoE backends side by side per shape
     moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
     moebench report RESULTS... --out DIR      trend plots per case and an index page
+    moebench predict DECODE.json ALLREDUCE    TP-N ms/token from a rank's decode and a box's allreduce
 
 Exit codes: 0 fine, 1 the comparison found what --fail-on names (a regression by default), 2 bad input
 (a malformed file, an unknown case, an unknown option value), reported in one line without a traceback.
@@ -21,10 +22,9 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from moebench.baselines.compare import Verdict, display_rank
-from moebench.baselines.schema import BaselineError, validate_file
-from moebench.baselines.store import BaselineSet, atomic_write_text, dumps, family_path, load_file, merge_entries
-from moebench.runs import (MISSING, RunsError, backend_matrix, baseline_entries, compare_runs, fmt_value, load_run,
-                           load_runs, parse_run, read_json)
+from moebench.baselines.schema import BaselineError
+from moebench.baselines.store import BaselineSet
+from moebench.runs import MISSING, RunsError, backend_matrix, compare_runs, fmt_value, load_run, load_runs
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 VERDICT_NAMES = [v.value for v in Verdict] + [MISSING]
@@ -180,168 +180,6 @@ def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
                 right=tuple(range(1, len(backends) + 1))))
 
 
-# --- baselines ----------------------------------------------------------------------------------
-
-def _baseline_files(path: Path) -> list[Path]:
-    """A baseline file, a hardware folder (<family>.json) or a root (<hardware-key>/<family>.json)."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise CliError(f"{path}: no such file or folder")
-    files = sorted(path.glob("*.json")) or sorted(path.glob("*/*.json"))
-    if not files:
-        raise CliError(f"{path}: no baseline files (<family>.json or <hardware-key>/<family>.json) in this folder")
-    return files
-
-
-def _entries(path: Path) -> dict[tuple[str, str, str], dict]:
-    """(hardware key, family, case key) -> stored entry, over every baseline file under `path`."""
-    out = {}
-    for f in _baseline_files(path):
-        doc = load_file(f)
-        for key, entry in doc["entries"].items():
-            out[(doc["hardware_key"], doc["family"], key)] = entry
-    return out
-
-
-def _provenance(p: dict) -> str:
-    if p.get("kind") == "external":
-        return f"external: {p.get('source', '?')} ({p.get('date', '?')[:10]})"
-    return f"measured {str(p.get('commit', '?'))[:10]} {str(p.get('date', '?'))[:10]}"
-
-
-def _machine(fp: dict) -> str:
-    gpus = fp.get("gpus") or []
-    what = f"{len(gpus)} x {gpus[0].get('name')}" if gpus else f"CPU {fp.get('cpu', {}).get('model', '?')}"
-    versions = ", ".join(f"{k} {v}" for k, v in sorted((fp.get("versions") or {}).items()) if v and k in ("torch", "triton", "vllm", "sglang"))
-    driver = f", driver {fp['driver']}" if fp.get("driver") else ""
-    return what + driver + (f"; {versions}" if versions else "")
-
-
-def cmd_baselines_show(args: argparse.Namespace) -> int:
-    """A table of the entries of baseline files, each file introduced by its header."""
-    keep = _matcher(args.case)
-    files = _baseline_files(Path(args.path))
-    docs = [(f, load_file(f)) for f in files]
-    _check_patterns(args.case, [k for _, d in docs for k in d["entries"]], args.path)
-    for f, doc in docs:
-        keys = [k for k in sorted(doc["entries"]) if keep is None or keep(k)]
-        if keep is not None and not keys:
-            continue
-        print(f"{f}: {doc['hardware_key']} / {doc['family']}, {len(doc['entries'])} entries, schema {doc['schema_version']}, "
-              f"created {doc.get('created', '?')}, updated {doc.get('updated', '?')}")
-        print(f"  recorded on {_machine(doc['fingerprint'])}")
-        rows = []
-        for k in keys:
-            e = doc["entries"][k]
-            for name, m in sorted(e["metrics"].items()):
-                rows.append([k, name, _num(m["value"], m["unit"]), m["direction"], _pct(100 * m["rel_tol"]),
-                             _pct(100 * m["noise"]), str(m["n"]), _provenance(e["provenance"])])
-        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "n", "provenance"], rows, right=(2, 4, 5, 6)))
-        print()
-    return EXIT_OK
-
-
-def cmd_baselines_diff(args: argparse.Namespace) -> int:
-    """What changed between two baseline files or folders, entry by entry and metric by metric."""
-    a, b = _entries(Path(args.a)), _entries(Path(args.b))
-    lines, unchanged = [], 0
-    for k in sorted(set(a) | set(b)):
-        hw, fam, key = k
-        where = f"{hw}/{fam} {key}"
-        if k not in a:
-            ms = ", ".join(f"{n} {_num(m['value'], m['unit'])}" for n, m in sorted(b[k]["metrics"].items()))
-            lines.append(f"+ {where}: {ms} ({_provenance(b[k]['provenance'])})")
-            continue
-        if k not in b:
-            lines.append(f"- {where}")
-            continue
-        ea, eb = a[k], b[k]
-        changes = []
-        for n in sorted(set(ea["metrics"]) | set(eb["metrics"])):
-            ma, mb = ea["metrics"].get(n), eb["metrics"].get(n)
-            if ma is None:
-                changes.append(f"{n} added {_num(mb['value'], mb['unit'])}")
-            elif mb is None:
-                changes.append(f"{n} removed")
-            else:
-                if ma["value"] != mb["value"]:
-                    pct = 100 * (mb["value"] - ma["value"]) / ma["value"] if ma["value"] else None
-                    changes.append(f"{n} {_num(ma['value'])} -> {_num(mb['value'], mb['unit'])} ({_pct(pct, True)})")
-                for field in ("rel_tol", "direction", "unit"):
-                    if ma[field] != mb[field]:
-                        changes.append(f"{n} {field} {ma[field]} -> {mb[field]}")
-        if ea["definition_hash"] != eb["definition_hash"]:
-            changes.append("case definition changed")
-        if ea["provenance"] != eb["provenance"] and changes:
-            changes.append(f"now {_provenance(eb['provenance'])}")
-        if changes:
-            lines.append(f"~ {where}: " + "; ".join(changes))
-        else:
-            unchanged += 1
-    for line in lines:
-        print(line)
-    added = sum(1 for line in lines if line.startswith("+"))
-    removed = sum(1 for line in lines if line.startswith("-"))
-    print(f"{added} added, {removed} removed, {len(lines) - added - removed} changed, {unchanged} unchanged")
-    return EXIT_FOUND if args.exit_code and lines else EXIT_OK
-
-
-def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
-    """(hardware key, family, fingerprint, {key: entry}, source note) from a results file, a proposed
-    baseline file, or a folder of them (--baseline-propose DIR)."""
-    if path.is_dir():
-        files = sorted(path.glob("*.json")) + sorted(path.glob("*/*.json"))
-        if not files:
-            raise CliError(f"{path}: no proposed baseline files (<hardware-key>/<family>.json) in this folder")
-        return [s for f in files for s in _promotion_source(f)]
-    doc = read_json(path)
-    if isinstance(doc, dict) and "schema_version" in doc:
-        validate_file(doc, str(path))
-        return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
-    run = parse_run(doc, str(path))
-    verdicts = {k: c.verdict for k, c in run.cases.items()}
-    return [(run.hardware_key, fam, run.fingerprint,
-             {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}")
-            for fam, entries in sorted(baseline_entries(run).items())]
-
-
-def cmd_baselines_promote(args: argparse.Namespace) -> int:
-    """Write the selected cases of a reviewed run (or of proposed baselines) into the baseline folder.
-    Every target file is merged and validated before any is written; each write is atomic."""
-    from moebench.hardware import now_iso
-
-    sources = _promotion_source(Path(args.source))
-    all_keys = [k for *_, entries, _ in sources for k in entries]
-    if not all_keys:
-        raise CliError(f"{args.source}: no case with gated metrics to promote")
-    _check_patterns(args.case, all_keys, args.source)
-    keep = _matcher(args.case) if not args.all else (lambda k: True)
-    root = Path(args.baseline_dir)
-    now = now_iso()
-    plans = []  # (path, new document, change lines, notes)
-    for hw, fam, fp, entries, note in sources:
-        chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
-        if not chosen:
-            continue
-        notes = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
-                 for k, e in sorted(entries.items()) if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
-        path = family_path(root, hw, fam)
-        current = load_file(path, hardware_key=hw, family=fam) if path.exists() else None
-        doc, changes = merge_entries(current, hw, fam, fp, now, chosen)
-        validate_file(doc, str(path), hardware_key=hw, family=fam)
-        plans.append((path, doc, changes, notes, note, len(chosen)))
-    verb = "would promote" if args.dry_run else "promoted"
-    for path, doc, changes, notes, note, n in plans:
-        if not args.dry_run and changes:
-            atomic_write_text(path, dumps(doc))
-        print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {path}: "
-              f"{len(changes)} change{'s' if len(changes) != 1 else ''}")
-        for line in changes + notes:
-            print(line)
-    return EXIT_OK
-
-
 # --- report -------------------------------------------------------------------------------------
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -445,18 +283,20 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")
     b.set_defaults(func=cmd_backends)
 
+    from moebench import cli_baselines  # imported here: it takes its output helpers from this module
+
     bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff or promote baseline files",
                         description="Baseline files: baselines/<hardware-key>/<family>.json.")
     bsub = bl.add_subparsers(dest="baselines_command", title="actions", metavar="{show,diff,promote}", required=True)
     s = bsub.add_parser("show", formatter_class=fmt, help="a table of a baseline file or folder, with provenance")
     s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
     s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
-    s.set_defaults(func=cmd_baselines_show)
+    s.set_defaults(func=cli_baselines.cmd_baselines_show)
     d = bsub.add_parser("diff", formatter_class=fmt, help="what changed between two baseline files or folders")
     d.add_argument("a", metavar="OLD", help="baseline file or folder")
     d.add_argument("b", metavar="NEW", help="baseline file or folder")
     d.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff --exit-code)")
-    d.set_defaults(func=cmd_baselines_diff)
+    d.set_defaults(func=cli_baselines.cmd_baselines_diff)
     pr = bsub.add_parser("promote", formatter_class=fmt, help="write reviewed values into the baseline folder",
                          description=_wrap("Take the selected cases of a reviewed results file (--results-json) or of "
                                      "proposed baselines (--baseline-propose DIR) into the baseline folder. Entries "
@@ -469,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--all", action="store_true", help="every case of SOURCE")
     pr.add_argument("--baseline-dir", default="baselines", metavar="DIR", help="baseline root (default: baselines)")
     pr.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
-    pr.set_defaults(func=cmd_baselines_promote)
+    pr.set_defaults(func=cli_baselines.cmd_baselines_promote)
 
     r = sub.add_parser("report", formatter_class=fmt, help="trend plots per case and an index page",
                        description=_wrap("Plot each case's metric over the given runs (dates on the x axis, the baseline "
