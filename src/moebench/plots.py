@@ -18,9 +18,7 @@ from pathlib import Path
 
 from moebench.baselines.compare import display_rank
 from moebench.baselines.store import BaselineSet, atomic_write_text
-from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
-from moebench.decode.breakdown_report import breakdown_tables
-from moebench.report import aligned, markdown_grid
+from moebench.report import breakdowns_markdown, breakdowns_text
 from moebench.runs import Run, fmt_value, latest_runs
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
@@ -266,12 +264,11 @@ def index_html(rows: list[IndexRow], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def breakdowns(run: Run) -> list[tuple[str, list[list[str]]]]:
-    """The decode step breakdown tables of a run's cases (moebench.decode.breakdown_report)."""
-    cases = [{"key": c.key, "info": c.info,
-              "metrics": {n: {"value": sm.metric.value, "baseline": sm.baseline, "delta_pct": sm.delta_pct,
-                              "gated": sm.gated} for n, sm in c.metrics.items()}} for c in run.cases.values()]
-    return breakdown_tables(cases)
+def breakdown_cases(run: Run) -> list[dict]:
+    """A run's cases in the results-JSON shape the breakdown tables read (moebench.decode.breakdown_report)."""
+    return [{"key": c.key, "info": c.info,
+             "metrics": {n: {"value": sm.metric.value, "baseline": sm.baseline, "delta_pct": sm.delta_pct,
+                             "gated": sm.gated} for n, sm in c.metrics.items()}} for c in run.cases.values()]
 
 
 def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
@@ -294,12 +291,11 @@ def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
     title = f"moebench on {hw}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
     if latest is not None:
         title += f", latest {latest.label}"
-    tables = breakdowns(latest) if latest is not None else []
-    md = index_markdown(rows, title) + "".join(
-        f"\n## {t}\n\n" + "\n".join(markdown_grid(BREAKDOWN_HEADER, body)) + "\n" for t, body in tables)
+    cases = breakdown_cases(latest) if latest is not None else []
+    extra = breakdowns_markdown(cases, "##")
+    md = index_markdown(rows, title) + (f"\n{extra}" if extra else "")
     page = index_html(rows, title).replace("</body></html>", "".join(
-        f"<h2>{html.escape(t)}</h2><pre>{html.escape(aligned(BREAKDOWN_HEADER, body))}</pre>" for t, body in tables)
-        + "</body></html>")
+        f"<pre>{html.escape(t)}</pre>" for t in breakdowns_text(cases)) + "</body></html>")
     for name, text in (("index.md", md), ("index.html", page)):
         atomic_write_text(out / name, text)
         written.append(out / name)

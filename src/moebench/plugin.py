@@ -15,11 +15,10 @@ from typing import Callable, Mapping
 import pytest
 
 from moebench import compat, hardware, interrupts, report
+from moebench.benchmark_tables import hide_benchmark_tables
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
-from moebench.decode.breakdown_report import HEADER as BREAKDOWN_HEADER
-from moebench.decode.breakdown_report import breakdown_tables
 from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.session import CaseResult, Row, RunState
@@ -356,8 +355,7 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            extra = "\n".join(f"#### {title}\n\n" + "\n".join(report.markdown_grid(BREAKDOWN_HEADER, rows)) + "\n"
-                              for title, rows in breakdown_tables(r.to_json() for r in state.results))
+            extra = report.breakdowns_markdown([r.to_json() for r in state.results])
             for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
                                               extra):
                 lines.append(f"moebench: summary written to {path}")
@@ -367,30 +365,9 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
 
 
-class _Discard:
-    """Stands in for the terminal reporter: drops everything written to it."""
-
-    def __getattr__(self, name: str) -> Callable[..., None]:
-        return lambda *args, **kwargs: None
-
-
-def _hide_benchmark_tables(config: pytest.Config) -> None:
-    # pytest-benchmark prints its tables (about 100 lines, 250 columns wide, for a GPU run) from
-    # BenchmarkSession.display(terminalreporter), called by its own pytest_terminal_summary (5.2.3 and
-    # 5.3.1 alike). The same call writes the --benchmark-histogram files and applies
-    # --benchmark-compare-fail, so it still runs, with a reporter that drops the tables; its log lines
-    # (saved files, histograms, regressions) go to stderr and stay. --benchmark-quiet would skip the
-    # histogram too (it is drawn inside the table code).
-    bs = getattr(config, "_benchmarksession", None)
-    if bs is None or config.getoption("benchmark_tables"):
-        return
-    display = bs.display
-    bs.display = lambda tr: display(_Discard())
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-benchmark's, which prints its tables
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    _hide_benchmark_tables(config)
+    hide_benchmark_tables(config)
     state = config.stash.get(STATE, None)
     if state is None:
         return
@@ -398,10 +375,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
         terminalreporter.write_line(report.counts(state.rows))
-    for title, rows in breakdown_tables(r.to_json() for r in state.results):
-        terminalreporter.write_line("")
-        terminalreporter.write_line(title)
-        terminalreporter.write_line(report.aligned(BREAKDOWN_HEADER, rows))
+    for text in report.breakdowns_text([r.to_json() for r in state.results]):
+        terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)
     for line in config.stash.get(_WARNINGS, []):

@@ -109,6 +109,21 @@ def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
     return "\n".join(out) + "\n"
 
 
+def breakdowns_text(cases: list[dict]) -> list[str]:
+    """The decode step breakdown of every case that has one, as terminal tables under their titles."""
+    from moebench.decode.breakdown_report import HEADER, breakdown_tables
+
+    return [f"{title}\n{aligned(HEADER, rows)}" for title, rows in breakdown_tables(cases)]
+
+
+def breakdowns_markdown(cases: list[dict], level: str = "####") -> str:
+    """The same as markdown sections ("" when no case has a breakdown)."""
+    from moebench.decode.breakdown_report import HEADER, breakdown_tables
+
+    return "\n".join(f"{level} {title}\n\n" + "\n".join(markdown_grid(HEADER, rows)) + "\n"
+                     for title, rows in breakdown_tables(cases))
+
+
 def write_markdown(rows: list[Row], path: str | None, title: str, extra: str = "") -> list[str]:
     """Write the markdown summary (the verdict table, then `extra` sections) to `path` (atomically) and
     append it to $GITHUB_STEP_SUMMARY when set. Returns the paths written."""
