@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from moebench.baselines.compare import Comparison, Verdict, case_verdict, compare_metric
+from moebench.baselines.compare import Comparison, case_verdict, compare_case, deciding_metric
 from moebench.metrics import DIRECTIONS, Metric
 
 # A case present in the reference run but not in the candidate: not a verdict of the gate, but a
@@ -286,20 +286,14 @@ def compare_runs(a: Run, b: Run, *, ignore_hardware: bool = False) -> list[CaseD
             m = ca.metrics.get(name)
             out.append(CaseDelta(key, MISSING, name, m.metric.unit if m else "", m.metric.value if m else None))
             continue
-        comps: dict[str, Comparison] = {}
-        for name, sm in cb.metrics.items():
-            if not sm.gated:
-                continue
-            base = ca.metrics.get(name) if ca else None
-            stale = bool(ca and ca.definition_hash and cb.definition_hash and ca.definition_hash != cb.definition_hash)
-            comps[name] = compare_metric(sm.metric, base.metric if base else None, stale=stale, env_mismatch=mismatch,
-                                         throttled=cb.throttled)
+        stale = bool(ca and ca.definition_hash and cb.definition_hash and ca.definition_hash != cb.definition_hash)
+        # a's gated metrics are the stored entry, as a baseline file holds them
+        comps = compare_case({n: sm.metric for n, sm in cb.metrics.items() if sm.gated},
+                             {n: sm.metric for n, sm in ca.metrics.items() if sm.gated} if ca else None,
+                             stale=stale, env_mismatch=mismatch, throttled=cb.throttled)
         verdict = case_verdict(comps)
         # Show the metric that decided the verdict; for a PASS, the case's primary metric.
-        name = cb.primary if cb.primary in comps else next(iter(comps), cb.primary or "")
-        deciding = [n for n, c in comps.items() if c.verdict is verdict]
-        if deciding and verdict is not Verdict.PASS:
-            name = deciding[0]
+        name = deciding_metric(comps, verdict, cb.primary if cb.primary in comps else next(iter(comps), cb.primary or ""))
         c = comps.get(name)
         unit = cb.metrics[name].metric.unit if name in cb.metrics else ""
         before = ca.metrics[name].metric.value if ca and name in ca.metrics else None

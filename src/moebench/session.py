@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from moebench import hardware, provenance
-from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_metric, failing,
-                                        one_line, recorded_changes)
+from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
+                                        failing, one_line, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
@@ -118,16 +118,9 @@ class RunState:
                 note = "baseline exists only for " + ", ".join(sorted(others)) + " (not compared)"
         elif not same:
             note = why
-        comps: dict[str, Comparison] = {}
-        for name, metric in m.metrics.items():
-            if not metric.gated:
-                continue
-            base = entry.metrics.get(name) if entry else None
-            if entry is not None and base is None:
-                comps[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
-                continue
-            comps[name] = compare_metric(metric, base, stale=bool(entry and entry.definition_hash != def_hash),
-                                         env_mismatch=not same, throttled=m.throttled)
+        comps = compare_case(m.metrics, entry.metrics if entry else None,
+                             stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
+                             throttled=m.throttled)
         return comps, case_verdict(comps), note
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
@@ -177,10 +170,7 @@ class RunState:
 
     def _row(self, r: CaseResult) -> Row:
         # The row shows the worst metric (the one that decided the verdict), else the primary one.
-        name = r.primary
-        worst = [n for n, c in r.comparisons.items() if c.verdict is r.verdict]
-        if worst and r.verdict not in (Verdict.PASS, Verdict.NEW):
-            name = worst[0]
+        name = deciding_metric(r.comparisons, r.verdict, r.primary)
         m = r.measurement.metrics.get(name) if name else None
         c = r.comparisons.get(name) if name else None
         return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",

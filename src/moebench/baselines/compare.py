@@ -106,6 +106,31 @@ def compare_metric(
     return Comparison(Verdict.PASS, **common)
 
 
+def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
+                 env_mismatch: bool = False, throttled: bool = False) -> dict[str, Comparison]:
+    """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all). The
+    one comparison loop: the in-run gate and `moebench compare` both call it, so they cannot disagree."""
+    out: dict[str, Comparison] = {}
+    for name, metric in measured.items():
+        if not metric.gated:
+            continue
+        base = stored.get(name) if stored is not None else None
+        if stored is not None and base is None:
+            out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
+            continue
+        out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled)
+    return out
+
+
+def deciding_metric(comparisons: Mapping[str, Comparison], verdict: Verdict, primary: str | None) -> str | None:
+    """The metric a row shows: the first that decided a verdict other than PASS/NEW, else the primary."""
+    if verdict not in (Verdict.PASS, Verdict.NEW):
+        for name, c in comparisons.items():
+            if c.verdict is verdict:
+                return name
+    return primary
+
+
 def case_verdict(comparisons: Mapping[str, Comparison]) -> Verdict:
     """The case's verdict: the most severe of its metrics' (PASS when it has none)."""
     if not comparisons:
