@@ -3,12 +3,23 @@ decided by numbers the test chose, not by how fast this machine happens to be.""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import sys
+from types import SimpleNamespace
+
 import pytest
 
-from moebench.timing import StopRule, collect, cpu_timer
+from moebench import timing
+from moebench.timing import StopRule, collect, cpu_timer, eager_timer, graph_timer
 
 QUIET = [1.0] * 1000                     # spread 0
 NOISY = [1.0, 2.0, 3.0] * 400           # spread (1.4826 * MAD / median) stays above 0.3 from 2 samples on
+
+
+def exactly(n: int) -> StopRule:
+    """A rule that takes exactly n samples: target_noise < 0 is never met, and time never runs out."""
+    return StopRule(min_samples=n, max_samples=n, max_seconds=1e9, target_noise=-1)
 
 
 @pytest.mark.parametrize("n, elapsed, samples, done", [
@@ -85,60 +96,107 @@ def test_collect_stops_once_noise_settles():
 def test_cpu_timer_returns_one_sample_per_round_of_the_calls():
     counts = [0, 0, 0]
     calls = [lambda i=i: counts.__setitem__(i, counts[i] + 1) for i in range(3)]
-    # target_noise < 0 is never met: the rule stops at max_samples, so the count is exact.
-    samples = cpu_timer(calls, StopRule(min_samples=4, max_samples=4, max_seconds=1e9, target_noise=-1), warmup=2)
+    samples = cpu_timer(calls, exactly(4), warmup=2)
     assert len(samples) == 4
     assert all(isinstance(s, float) and s >= 0 for s in samples)
     assert counts == [2 + 4] * 3, "each call runs once per warm-up round and once per sample"
 
 
-class _FakeCuda:
-    """Records the order of stream operations event_time issues; 1 ms between the marks."""
+def test_cpu_timer_sample_is_the_time_of_one_call(monkeypatch):
+    """Three calls of 2 ms each: every sample reads 2 ms (the round divided by the number of calls)."""
+    clock = FakeClock(0.0)
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
+    calls = [lambda: setattr(clock, "t", clock.t + 0.002)] * 3
+    assert cpu_timer(calls, exactly(3)) == pytest.approx([0.002] * 3)
 
-    def __init__(self, log: list, with_sleep: bool = True):
-        self.log = log
-        if with_sleep:
-            self._sleep = lambda cycles: log.append(("sleep", cycles))
-        cuda = self
-        names = iter(("start", "end"))  # event_time makes its start event first
+
+class FakeTorch:
+    """Just enough of torch for the GPU timers on a CPU box: a simulated GPU clock (ms) that only kernels
+    move. kernel(ms) runs now, or is recorded into the CUDA graph being captured (replay runs what was
+    recorded); an event stamps the clock; _sleep, the head start, holds the stream for 0.5 ms; the L2
+    flusher's zero_() is a kernel of flush_ms. Every kernel and event mark run is logged, in order."""
+
+    uint8 = "uint8"
+
+    def __init__(self, *, with_sleep: bool = True, flush_ms: float = 0.0) -> None:
+        self.now, self.log, self.capturing, self.flush_ms = 0.0, [], None, flush_ms
+        fake = self
+        names = itertools.cycle(("start", "end"))  # event_time makes its start event first
 
         class Event:
             def __init__(self, enable_timing=False):
-                self.name = next(names)
+                self.name, self.at = next(names), None
 
             def record(self):
-                cuda.log.append(("record", self.name))
+                self.at = fake.now
+                fake.log.append(("record", self.name))
 
             def synchronize(self):
                 pass
 
-            def elapsed_time(self, other):
-                return 1.0
+            def elapsed_time(self, end):
+                return end.at - self.at
 
-        self.Event = Event
+        class CUDAGraph:
+            def __init__(self):
+                self.kernels = []
 
+            def replay(self):
+                for k in self.kernels:
+                    fake.kernel(*k)
 
-class _FakeTorch:
-    def __init__(self, log: list, with_sleep: bool = True):
-        self.cuda = _FakeCuda(log, with_sleep)
+        @contextlib.contextmanager
+        def graph(g):
+            self.capturing = g.kernels
+            yield
+            self.capturing = None
+
+        stream = SimpleNamespace(wait_stream=lambda other: None)
+        self.cuda = SimpleNamespace(
+            Event=Event, CUDAGraph=CUDAGraph, graph=graph, Stream=lambda: stream, current_stream=lambda: stream,
+            stream=lambda s: contextlib.nullcontext(), synchronize=lambda: None, current_device=lambda: 0,
+            get_device_properties=lambda device: SimpleNamespace(L2_cache_size=1 << 20))
+        if with_sleep:
+            self.cuda._sleep = lambda cycles: self.kernel(0.5, ("sleep", cycles))
+
+    def kernel(self, ms: float, entry: tuple = ("work",)) -> None:
+        if self.capturing is not None:
+            self.capturing.append((ms, entry))
+        else:
+            self.now += ms
+            self.log.append(entry)
+
+    def empty(self, n, dtype, device):
+        return SimpleNamespace(zero_=lambda: self.kernel(self.flush_ms, ("flush",)))
 
 
 @pytest.mark.parametrize("head_start", [False, True])
 def test_event_time_head_start_holds_the_stream_before_the_start_mark_only_when_asked(head_start):
-    from moebench import timing
-
-    log: list = []
-    secs = timing.event_time(_FakeTorch(log), lambda: log.append(("work",)), head_start=head_start)
+    """The head start runs before the start mark, so its time is not counted: 1 ms of work reads 1 ms."""
+    fake = FakeTorch()
+    secs = timing.event_time(fake, lambda: fake.kernel(1.0), head_start=head_start)
     expected = [("record", "start"), ("work",), ("record", "end")]
     if head_start:
         expected = [("sleep", timing.HEAD_START_CYCLES)] + expected
-    assert log == expected
+    assert fake.log == expected
     assert secs == pytest.approx(1e-3)
 
 
 def test_event_time_head_start_without_sleep_support_still_times():
-    from moebench import timing
+    fake = FakeTorch(with_sleep=False)
+    timing.event_time(fake, lambda: fake.kernel(1.0), head_start=True)
+    assert fake.log == [("record", "start"), ("work",), ("record", "end")]
 
-    log: list = []
-    timing.event_time(_FakeTorch(log, with_sleep=False), lambda: log.append(("work",)), head_start=True)
-    assert log == [("record", "start"), ("work",), ("record", "end")]
+
+@pytest.mark.parametrize("timer", [
+    graph_timer,
+    lambda calls, rule: graph_timer(calls, rule, flush_l2=True),
+    eager_timer,
+], ids=["graph", "graph-l2-flushed", "eager"])
+def test_gpu_timers_sample_is_the_time_of_one_call(timer, monkeypatch):
+    """Four calls of 5 us each: every sample reads 5 us, the R calls' time divided by R. With the L2
+    flushed before every call (7 us each here), the time of a graph of the flushes alone is subtracted."""
+    fake = FakeTorch(flush_ms=0.007)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    calls = [lambda: fake.kernel(0.005)] * 4
+    assert timer(calls, exactly(3)) == pytest.approx([5e-6] * 3)
