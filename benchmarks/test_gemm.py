@@ -71,7 +71,7 @@ def test_gemm(case: GemmCase, moebench, request):
     wl = _workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device)
     built = backend.build(case, wl)
     # Correct first: a fast wrong kernel is a regression.
-    checked = runner.check(built, wl, backend.error_bounds.get(case.dtype))
+    checked = runner.check(built, wl, backend.error_bounds.get(case.dtype), key=case.key)
     ceiling = moebench.ceiling(device)
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
             **built.info}

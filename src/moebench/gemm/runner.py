@@ -29,11 +29,13 @@ def _poison(built, wl) -> None:
         torch.full(shape, float("nan"), dtype=torch.bfloat16, device=wl.device)  # freed at once
 
 
-def check(built, wl, bound: float | None = None) -> dict:
+def check(built, wl, bound: float | None = None, key: str | None = None) -> dict:
     """Run rotations 0 and R-1 on poisoned outputs and compare with the float32 reference. Raises
-    AssertionError naming the case, rotation and error; returns the worst error seen."""
+    AssertionError naming the case (`key`, else the workload's shape key), rotation and error; returns the
+    worst error seen."""
     import torch
 
+    key = key or wl.case.key
     bound = bound if bound is not None else ERROR_BOUND[wl.case.dtype]
     worst = 0.0
     for r in sorted({0, wl.R - 1}):
@@ -44,11 +46,11 @@ def check(built, wl, bound: float | None = None) -> dict:
         ref = wl.reference(r)
         got = out.float().reshape(ref.shape)
         if torch.isnan(got).any():
-            raise AssertionError(f"{wl.case.key}: rotation {r}: output has {int(torch.isnan(got).sum())} NaN "
+            raise AssertionError(f"{key}: rotation {r}: output has {int(torch.isnan(got).sum())} NaN "
                                  f"of {got.numel()} (unwritten or broken)")
         err = ((got - ref).norm() / ref.norm().clamp_min(1e-30)).item()
         if not err < bound:
-            raise AssertionError(f"{wl.case.key}: rotation {r}: relative error {err:.3e} >= bound {bound:.0e}")
+            raise AssertionError(f"{key}: rotation {r}: relative error {err:.3e} >= bound {bound:.0e}")
         worst = max(worst, err)
     return {"rel_error": worst, "bound": bound}
 
