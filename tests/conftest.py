@@ -61,6 +61,41 @@ def valid_doc() -> dict:
     return copy.deepcopy(valid_document())
 
 
+class FakeNvml:
+    """The NVML calls hardware.clock_monitor makes: `count` GPUs at `clock_mhz`, every sample reporting the
+    clocks-event (throttle) reasons bitmask `mask`."""
+
+    NVML_CLOCK_SM = 0
+
+    def __init__(self, mask: int = 0, count: int = 1, clock_mhz: int = 1980) -> None:
+        self.mask, self.count, self.clock_mhz = mask, count, clock_mhz
+
+    def nvmlDeviceGetCount(self):
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, handle, clock):
+        return self.clock_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
+        return self.mask
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch: pytest.MonkeyPatch):
+    """Install a FakeNvml as the machine's NVML: fake_nvml(mask) -> the fake, all GPUs visible."""
+    from moebench import hardware
+
+    def install(mask: int = 0, **kw) -> FakeNvml:
+        nvml = FakeNvml(mask, **kw)
+        monkeypatch.setattr(hardware, "_nvml", lambda: nvml)
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+        return nvml
+    return install
+
+
 # The fake benchmark project. Samples, definition revisions and interrupts come from control.json, and
 # every measure() call appends the case key to calls.txt, so a test can see the re-measurement.
 FAKE_TESTS = '''

@@ -219,6 +219,25 @@ def test_outcome_uses_the_slowest_rank_and_reports_bandwidth():
     assert o.info["topology"]["interconnect"] == "nvlink" and o.info["slowest_rank"] == 1
 
 
+def test_busbw_at_world_4_is_algbw_times_the_bus_factor():
+    # 64 tokens x 7168 bf16 = 917504 bytes in 20 us: algbw 45.8752 GB/s; at n = 4, busbw x 2(n-1)/n = 1.5.
+    c = case(tokens=64, world=4)
+    run = _fake_launch([], medians_by_rank=(15.0, 20.0, 18.0, 16.0))(GroupSpec("nccl", 4, "", (c,)), None)
+    m = outcomes(run, _fp(4))[c].metrics()
+    assert m["algbw_GBps"].value == pytest.approx(45.8752)
+    assert m["busbw_GBps"].value == pytest.approx(68.8128)
+
+
+@pytest.mark.parametrize("kw", [dict(tokens=1, mode="graph"), dict(tokens=1, mode="eager"), dict(tokens=4096),
+                                dict(backend="gloo", mode="eager")], ids=["decode", "eager", "prefill", "gloo"])
+def test_latency_metric_carries_the_cases_own_tolerance(kw):
+    """What a new baseline entry stores: latency_rel_tol(case), not Metric's 5 % default."""
+    c = case(**kw)
+    run = _fake_launch([])(GroupSpec(c.backend, 2, "", (c,)), None)
+    tol = outcomes(run, _fp(2))[c].metrics()["latency_us"].rel_tol
+    assert tol == C.latency_rel_tol(c) and tol != 0.05
+
+
 def test_one_launch_per_group_for_all_its_selected_cases():
     log: list = []
     sel = [case(tokens=t) for t in (1, 2)] + [case(mode="eager")] + [case(variant="protoLL")]

@@ -1,6 +1,7 @@
 """Guards around baseline writes, end to end over the fake project (tests/conftest.py): hardware keys that
-are not slugs, writes under another machine's key, conflicting options, a missing baseline folder, and
-Ctrl-C in every phase of a run. Each case checks what a user sees: exit code, one line, no traceback.
+are not slugs, writes under another machine's key, conflicting options, a missing baseline folder, a
+write that fails at the end (a non-zero exit), and Ctrl-C in every phase of a run. Each case checks what
+a user sees: exit code, one line, no traceback.
 """
 
 from __future__ import annotations
@@ -91,6 +92,37 @@ def test_a_missing_baseline_folder_is_an_error_when_strict(fakebench):
     result = fakebench.run("--baseline-dir", str(typo), "--baseline-strict")
     _one_line(result, pytest.ExitCode.USAGE_ERROR, f"--baseline-dir {typo}: no such folder", "--baseline-strict")
     assert fakebench.calls() == {}
+
+
+# --- a baseline write that fails ---------------------------------------------------------------------------
+
+# The disk fills up as the fake project's gemm.json is put in place (after the start-up writability check).
+DISK_FULL_CONFTEST = '''
+import errno
+import os
+
+_replace = os.replace
+
+
+def replace(src, dst, **kw):
+    if os.path.basename(dst) == "gemm.json":
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+    return _replace(src, dst, **kw)
+
+
+os.replace = replace
+'''
+
+
+def test_a_baseline_write_that_fails_exits_non_zero_with_one_line(fakebench):
+    # Every case passed, but the update the user asked for did not happen: the run must not exit 0.
+    fakebench.write_baseline({"a": 100.0})
+    before = fakebench.family_file().read_bytes()
+    fakebench.pytester.makeconftest(DISK_FULL_CONFTEST)
+    result = fakebench.run("--baseline-update")
+    _one_line(result, pytest.ExitCode.INTERNAL_ERROR, "moebench: baselines NOT written:", "No space left on device")
+    assert fakebench.family_file().read_bytes() == before
+    assert os.listdir(fakebench.family_file().parent) == ["gemm.json"], "a temporary file was left behind"
 
 
 # --- Ctrl-C in every phase -------------------------------------------------------------------------------

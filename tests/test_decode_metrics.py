@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from moebench.decode import engine_log, floor, models
-from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
+from moebench.decode.stats import Trial, _pct, check_trial, decode_metrics, implausible, per_trial_summary
 
 
 def _trial(ttft_ms: float, itl_ms: float, n: int, warmup: bool = False) -> Trial:
@@ -32,6 +32,38 @@ def test_percentiles_tokens_per_second_and_e2e():
     assert m["ms_per_token"].value == pytest.approx(1.0)  # a stall moves a few windows, not their median
     assert m["tokens_per_s"].value == pytest.approx(101 / 0.199)
     assert m["e2e_ms_per_token"].value == pytest.approx(199 / 101)
+
+
+SQUARES = [float(i * i) for i in range(11)]  # unevenly spaced: a wrong rank cannot interpolate back to the answer
+
+
+@pytest.mark.parametrize("xs, q, expected", [
+    ([7.0], 0.99, 7.0),
+    ([1.0, 2.0, 4.0, 8.0], 0.0, 1.0),
+    ([1.0, 2.0, 4.0, 8.0], 0.5, 3.0),
+    ([1.0, 2.0, 4.0, 8.0], 1.0, 8.0),
+    ([8.0, 1.0, 4.0, 2.0], 0.5, 3.0),  # unsorted input
+    (SQUARES, 0.9, 81.0),              # an exact rank: the 10th of 11
+    (SQUARES, 0.95, 90.5),             # halfway between the 10th and the 11th
+])
+def test_percentile_interpolates_between_closest_ranks(xs, q, expected):
+    assert _pct(xs, q) == pytest.approx(expected)
+
+
+def test_itl_percentiles_of_known_gaps():
+    # 101 tokens whose 100 gaps are 1, 2, ..., 100 ms: p90 = 90.1 ms, p99 = 99.01 ms (p95 would be 95.05).
+    times = [sum(range(i + 1)) / 1e3 for i in range(101)]
+    m = decode_metrics([Trial(False, [(t, 1) for t in times], [])])
+    assert m["itl_p90_ms"].value == pytest.approx(90.1)
+    assert m["itl_p99_ms"].value == pytest.approx(99.01)
+    assert m["itl_p90_ms"].n == m["itl_p99_ms"].n == 100
+
+
+def test_every_metric_says_which_direction_is_better():
+    m = decode_metrics([_trial(900, 192, 40, warmup=True), _trial(50, 97, 40)])
+    higher = {"tokens_per_s"}
+    assert {k: v.direction for k, v in m.items()} == {k: "higher" if k in higher else "lower" for k in m}
+    assert {"ms_per_token", "ttft_ms", "itl_p90_ms", "itl_p99_ms", "tpot_ms", "e2e_ms_per_token"} <= set(m)
 
 
 def test_several_tokens_per_stream_chunk_keep_the_steady_rate_right():

@@ -135,6 +135,21 @@ def test_clock_monitor_without_nvml_is_empty_and_unthrottled(monkeypatch):
     assert report.samples == 0 and not report.throttled
 
 
+@pytest.mark.parametrize("mask, reasons, throttled", [
+    (0x0, set(), False),
+    (0x4, {"sw_power_cap"}, False),
+    (0x40, {"hw_thermal"}, True),
+    (0x4 | 0x40, {"sw_power_cap", "hw_thermal"}, True),     # several reasons at once: bits, not one value
+    (0x1 | 0x8 | 0x20, {"hw_slowdown", "sw_thermal"}, True),  # 0x1 (idle) is neither counted nor recorded
+], ids=["none", "power-cap", "hw-thermal", "power-cap+hw-thermal", "idle+hw-slowdown+sw-thermal"])
+def test_clock_monitor_reads_each_bit_of_the_reasons_mask(fake_nvml, mask, reasons, throttled):
+    fake_nvml(mask, count=2)
+    with hardware.clock_monitor() as report:
+        pass
+    assert report.reasons_seen == reasons and report.throttled is throttled
+    assert report.samples >= 4 and report.min_sm_clock_mhz == report.max_sm_clock_mhz == 1980  # 2 GPUs, start + end
+
+
 def test_fingerprint_on_this_cpu_box_has_no_gpus_and_does_not_import_torch():
     # A fresh interpreter: in this one torch may already be imported by someone else's test.
     code = textwrap.dedent("""

@@ -1,6 +1,7 @@
 """The run state behind the plugin (session.RunState), in process with in-memory baselines: the
-re-measurement of a suspected regression, hardware mismatch, metrics missing from the stored entry,
-which metric a table row shows, the failure line, what an update would store, and the results JSON.
+re-measurement of a suspected regression, clocks throttled while measuring (a fake NVML), hardware
+mismatch, metrics missing from the stored entry, which metric a table row shows, the failure line, what
+an update would store, and the results JSON.
 """
 
 from __future__ import annotations
@@ -80,6 +81,17 @@ def test_confirmed_regression_is_measured_exactly_twice_and_fails():
     assert (r.verdict, src.calls) == (Verdict.REGRESSION, 2)
     assert s.failure_line(r) == ("REGRESSION k[1] lat: 120 us, baseline 100 us, delta +20.0%, "
                                  "tolerance 5.0%, noise 0.0%")
+
+
+@pytest.mark.parametrize("mask, verdict", [(0x0, Verdict.PASS), (0x4, Verdict.PASS), (0x40, Verdict.AMBIGUOUS)],
+                         ids=["clean", "power-cap", "hw-thermal"])
+def test_clocks_throttled_while_measuring_make_the_verdict_ambiguous(fake_nvml, mask, verdict):
+    # What the clock monitor saw during measure() reaches the gate: a thermal throttle is AMBIGUOUS, not PASS.
+    fake_nvml(mask)
+    r = record(state(baseline_set({"lat": 100.0})), Source(100.0))
+    assert r.verdict is verdict and r.comparisons["lat"].verdict is verdict
+    throttled = verdict is Verdict.AMBIGUOUS
+    assert r.measurement.throttled is throttled and r.to_json()["throttled"] is throttled
 
 
 def test_stale_and_new_fail_only_when_strict():

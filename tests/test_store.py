@@ -12,6 +12,7 @@ import fcntl
 import io
 import json
 import os
+import tempfile
 import threading
 from pathlib import Path
 
@@ -137,6 +138,22 @@ def test_atomic_write_replaces_the_file(target):
     atomic_write_text(target, '{"new": 1}\n')
     assert target.read_text() == '{"new": 1}\n'
     assert sorted(os.listdir(target.parent)) == ["gemm.json"]
+
+
+def test_the_temporary_file_is_made_in_the_targets_own_folder(target, tmp_path, monkeypatch):
+    # os.replace is atomic only within one filesystem: a temporary file under $TMPDIR (another mount,
+    # often tmpfs) would make the final rename a copy, or fail with EXDEV.
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # elsewhere than the target's folder
+    replaced, real_replace = [], os.replace
+
+    def replace(src, dst):
+        replaced.append((Path(src), Path(dst)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    atomic_write_text(target, '{"new": 1}\n')
+    [(src, dst)] = replaced
+    assert dst == target and src.parent == target.parent and src.name.startswith(".gemm.json.")
 
 
 def test_interrupt_in_fsync_leaves_old_file_and_no_temporary(target, monkeypatch):
