@@ -133,3 +133,21 @@ def test_diff_reports_changes_and_exit_code(tmp_path, capsys):
 def test_show_a_missing_path_is_exit_2(tmp_path, capsys):
     assert main(["baselines", "show", str(tmp_path / "none")]) == 2
     assert capsys.readouterr().err.strip() == f"moebench baselines: error: {tmp_path / 'none'}: no such file or folder"
+
+
+def test_promote_takes_the_same_lock_as_an_update(tmp_path, capsys, monkeypatch):
+    # one write path: promote merges under store.locked like --baseline-update, so a concurrent update's
+    # entries survive (the lock's own behaviour is tested in test_store.py)
+    import moebench.baselines.update as update
+
+    seen = []
+    real = update.locked
+
+    def spy(path):
+        seen.append(path)
+        return real(path)
+
+    monkeypatch.setattr(update, "locked", spy)
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)]) == 0
+    assert [p.name for p in seen] == ["selfcheck.json"] and seen[0].parent.parent == root

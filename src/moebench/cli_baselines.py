@@ -10,7 +10,8 @@ import argparse
 from pathlib import Path
 
 from moebench.baselines.schema import validate_file
-from moebench.baselines.store import atomic_write_text, dumps, family_path, load_file, merge_entries
+from moebench.baselines.store import load_file
+from moebench.baselines.update import merge_files
 from moebench.cli import EXIT_FOUND, EXIT_OK, CliError, _check_patterns, _matcher, _num, _pct, table
 from moebench.runs import baseline_entries, parse_run, read_json
 
@@ -140,36 +141,30 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
 
 
 def cmd_baselines_promote(args: argparse.Namespace) -> int:
-    """Write the selected cases of a reviewed run (or of proposed baselines) into the baseline folder.
-    Every target file is merged and validated before any is written; each write is atomic."""
-    from moebench.hardware import now_iso
-
+    """Write the selected cases of a reviewed run (or of proposed baselines) into the baseline folder,
+    through the same locked, validated, atomic merge as --baseline-update (update.merge_files)."""
     sources = _promotion_source(Path(args.source))
     all_keys = [k for *_, entries, _ in sources for k in entries]
     if not all_keys:
         raise CliError(f"{args.source}: no case with gated metrics to promote")
     _check_patterns(args.case, all_keys, args.source)
     keep = _matcher(args.case) if not args.all else (lambda k: True)
-    root = Path(args.baseline_dir)
-    now = now_iso()
-    plans = []  # (path, new document, change lines, notes)
+    updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:
         chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
         if not chosen:
             continue
-        notes = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
-                 for k, e in sorted(entries.items()) if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
-        path = family_path(root, hw, fam)
-        current = load_file(path, hardware_key=hw, family=fam) if path.exists() else None
-        doc, changes = merge_entries(current, hw, fam, fp, now, chosen)
-        validate_file(doc, str(path), hardware_key=hw, family=fam)
-        plans.append((path, doc, changes, notes, note, len(chosen)))
+        updates.append((hw, fam, fp, chosen))
+        notes[hw, fam] = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
+                          for k, e in sorted(entries.items())
+                          if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
+        sizes[hw, fam] = (len(chosen), note)
     verb = "would promote" if args.dry_run else "promoted"
-    for path, doc, changes, notes, note, n in plans:
-        if not args.dry_run and changes:
-            atomic_write_text(path, dumps(doc))
-        print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {path}: "
-              f"{len(changes)} change{'s' if len(changes) != 1 else ''}")
-        for line in changes + notes:
+    for m in merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run):
+        hw, fam = m.doc["hardware_key"], m.doc["family"]
+        n, note = sizes[hw, fam]
+        print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {m.target}: "
+              f"{len(m.changes)} change{'s' if len(m.changes) != 1 else ''}")
+        for line in m.changes + notes[hw, fam]:
             print(line)
     return EXIT_OK

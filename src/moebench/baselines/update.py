@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from moebench.baselines.schema import validate_file
@@ -10,33 +11,59 @@ from moebench.baselines.store import atomic_write_text, dumps, family_path, load
 from moebench.hardware import now_iso
 
 
-def write_updates(state, *, propose_dir: str | None = None) -> list[str]:
-    """Merge the run's measured cases into this hardware's baseline files (or into copies under
-    propose_dir) and return the change lines to print. Entries the run did not measure keep their bytes.
+@dataclass
+class Merge:
+    """One baseline file's merge: where it goes, the merged document, its change lines, and whether the
+    target is new (or a proposal), which is written even without a change."""
 
-    Every target file is locked and its source re-read before merging: another run may have updated it
-    since this one loaded it, and its entries are kept. All files are merged and validated before the
-    first is written, so a bad merge writes none; each write is atomic."""
-    root = Path(propose_dir) if propose_dir else state.baseline_dir
+    target: Path
+    doc: dict
+    changes: list[str]
+    new: bool
+
+
+def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, source_root: Path | None = None,
+                write: bool = True, proposal: bool = False) -> list[Merge]:
+    """The one place baseline files are written (`--baseline-update`, `--baseline-propose` and
+    `moebench baselines promote`). updates: (hardware key, family, fingerprint, {case key: entry}).
+
+    Every target file (<root>/<key>/<family>.json) is locked and its source (the same path under
+    source_root, default root) re-read before merging: another run may have updated it since, and its
+    entries are kept. All files are merged and validated before the first is written, so a bad merge
+    writes none; each write is atomic; with write=False nothing is written (a dry run)."""
     now = now_iso()
-    plans = []  # (target, document, change lines, whether the target is new or a proposal)
+    plans: list[Merge] = []
     with contextlib.ExitStack() as locks:
         # Sorted: two runs lock their common files in one order, so neither waits for the other in a circle.
-        for family, updates in sorted(state.entries_by_family().items()):
-            source = family_path(state.baseline_dir, state.hardware_key, family)
-            target = family_path(root, state.hardware_key, family)
-            locks.enter_context(locked(target))
-            current = load_file(source, hardware_key=state.hardware_key, family=family) if source.exists() else None
-            doc, changes = merge_entries(current, state.hardware_key, family, state.fingerprint, now, updates)
-            validate_file(doc, str(target), hardware_key=state.hardware_key, family=family)
-            plans.append((target, doc, changes, current is None or bool(propose_dir)))
-        lines: list[str] = []
-        for target, doc, changes, always in plans:
-            if not changes and not always:
-                lines.append(f"moebench: {target}: no change")
-                continue
-            atomic_write_text(target, dumps(doc))
-            verb = "proposed" if propose_dir else "updated"
-            lines.append(f"moebench: {verb} {target} ({len(changes)} change{'s' if len(changes) != 1 else ''})")
-            lines.extend(changes)
+        for hw, family, fingerprint, entries in sorted(updates, key=lambda u: (u[0], u[1])):
+            source = family_path(source_root or root, hw, family)
+            target = family_path(root, hw, family)
+            if write:  # a dry run takes no lock (which would make the folder) and writes nothing
+                locks.enter_context(locked(target))
+            current = load_file(source, hardware_key=hw, family=family) if source.exists() else None
+            doc, changes = merge_entries(current, hw, family, fingerprint, now, entries)
+            validate_file(doc, str(target), hardware_key=hw, family=family)
+            plans.append(Merge(target, doc, changes, current is None or proposal))
+        for m in plans:
+            if write and (m.changes or m.new):
+                atomic_write_text(m.target, dumps(m.doc))
+    return plans
+
+
+def write_updates(state, *, propose_dir: str | None = None) -> list[str]:
+    """Merge the run's measured cases into this hardware's baseline files (or into copies under
+    propose_dir) and return the change lines to print. Entries the run did not measure keep their bytes
+    (see merge_files)."""
+    updates = [(state.hardware_key, family, state.fingerprint, entries)
+               for family, entries in state.entries_by_family().items()]
+    merges = merge_files(updates, root=Path(propose_dir) if propose_dir else state.baseline_dir,
+                         source_root=state.baseline_dir, proposal=bool(propose_dir))
+    lines: list[str] = []
+    for m in merges:
+        if not m.changes and not m.new:
+            lines.append(f"moebench: {m.target}: no change")
+            continue
+        verb = "proposed" if propose_dir else "updated"
+        lines.append(f"moebench: {verb} {m.target} ({len(m.changes)} change{'s' if len(m.changes) != 1 else ''})")
+        lines.extend(m.changes)
     return lines
