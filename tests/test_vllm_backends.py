@@ -22,19 +22,15 @@ from moebench.gemm.backends.flashinfer_backend import (  # noqa: E402
     swizzled_offset,
     up_then_gate,
 )
-from moebench.gemm.backends.vllm_backends import (  # noqa: E402
-    VLLM_BACKENDS,
-    config_file_name,
-    marlin_block_size_m,
+from moebench.gemm.backends.repack import (  # noqa: E402
     nibbles_to_gptq_int32,
     pack_int4_uint4b8,
     pack_nibbles,
-    triton_config_key,
     unpack_gptq_int32,
     unpack_nibbles,
-    vllm_marlin,
-    vllm_triton,
 )
+from moebench.gemm.backends.vllm_backends import VLLM_BACKENDS, vllm_marlin, vllm_triton  # noqa: E402
+from moebench.gemm.backends.vllm_configs import config_file_name, marlin_block_size_m, triton_config_key  # noqa: E402
 from moebench.gemm.cases import GemmCase  # noqa: E402
 from moebench.gemm.quant import E2M1_VALUES, quantize  # noqa: E402
 
@@ -263,7 +259,7 @@ def test_vllm_api_names_and_quant_configs(tiny_wl):
     qc = cfg.fp8_w8a8_moe_quant_config(w1_scale=s, w2_scale=s, a1_scale=None, a2_scale=None,
                                        per_act_token_quant=False, block_shape=[128, 128])
     assert qc.use_fp8_w8a8 and qc.block_shape == [128, 128]
-    from moebench.gemm.backends.vllm_backends import _fused_marlin_moe
+    from moebench.gemm.backends.vllm_marlin import _fused_marlin_moe
 
     params = inspect.signature(_fused_marlin_moe()).parameters
     for name in ("hidden_states", "w1", "w2", "bias1", "bias2", "w1_scale", "w2_scale", "topk_weights",
@@ -335,7 +331,7 @@ class _FakeFm:
 
 
 def test_wna16_block_k_fix():
-    from moebench.gemm.backends.vllm_backends import wna16_block_k_fix
+    from moebench.gemm.backends.vllm_configs import wna16_block_k_fix
 
     fix = wna16_block_k_fix(_FakeFm(), 1, 8, 384, 7168, 256, 32)
     assert fix["BLOCK_SIZE_K"] == 256 and fix["BLOCK_SIZE_N"] == 128 and fix["BLOCK_SIZE_M"] == 1
@@ -349,7 +345,7 @@ def test_wna16_block_k_fix():
 def test_with_override_restores_on_error():
     import contextlib
 
-    from moebench.gemm.backends.vllm_backends import _with_override
+    from moebench.gemm.backends.vllm_configs import _with_override
 
     state = {"cfg": None}
 
