@@ -67,3 +67,22 @@ def test_report_over_gzipped_runs_of_two_families_has_no_missing(tmp_path, capsy
     assert main(["report", *files, "--out", str(tmp_path / "r")]) == 0
     out = capsys.readouterr().out
     assert "MISSING" not in out and "from 3 runs" in out
+
+
+def test_the_results_version_is_written_and_checked(tmp_path):
+    from moebench.runs import RESULTS_VERSION, RunsError, parse_run
+
+    doc = {"hardware_key": "h", "started": "2026-12-01T00:00:00Z", "cases": []}
+    assert parse_run(doc, "old.json").cases == {}  # before the field existed: version 1
+    assert parse_run(doc | {"results_version": RESULTS_VERSION}, "now.json").cases == {}
+    with pytest.raises(RunsError, match=r"new.json: results_version: this moebench reads versions 1..1, got 2"):
+        parse_run(doc | {"results_version": RESULTS_VERSION + 1}, "new.json")
+    from pathlib import Path
+
+    from moebench.baselines.store import BaselineSet
+    from moebench.session import RunState
+
+    state = RunState(baseline_dir=Path("/nonexistent"), hardware_key="h", fingerprint={}, strict=False, update=False,
+                     baselines=BaselineSet(Path("/nonexistent"), "h"), key_forced=False)
+    written = state.results_doc()
+    assert written["results_version"] == RESULTS_VERSION and parse_run(written, "written.json").hardware_key == "h"

@@ -33,6 +33,11 @@ MISSING = "MISSING"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
+# The results document's version (`results_version`): written by session.RunState.results_doc, checked
+# here. Files from before the field existed (no `results_version`) read as version 1.
+RESULTS_VERSION = 1
+
+
 class RunsError(ValueError):
     """A results file that cannot be used; the message is one line naming the file and the field."""
 
@@ -178,6 +183,9 @@ def parse_run(doc: Any, where: str) -> Run:
     _need(isinstance(doc, dict), where, "(top level)", "must be a JSON object (a moebench --results-json file)")
     for k in ("hardware_key", "started", "cases"):
         _need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
+    version = doc.get("results_version", 1)
+    _need(type(version) is int and 1 <= version <= RESULTS_VERSION, where, "results_version",
+          f"this moebench reads versions 1..{RESULTS_VERSION}, got {version!r} (a newer moebench wrote it)")
     _need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
     _need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
           f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")

@@ -228,8 +228,10 @@ class RunState:
     def results_doc(self) -> dict[str, Any]:
         """The results JSON: every case with metrics, verdict, baseline, delta, noise; the fingerprint."""
         from moebench import __version__
+        from moebench.runs import RESULTS_VERSION
 
         return {
+            "results_version": RESULTS_VERSION,
             "moebench_version": __version__, "commit": provenance.git_commit(), "hardware_key": self.hardware_key,
             "fingerprint": self.fingerprint, "started": self.started, "finished": hardware.now_iso(),
             "memory_ceiling_bytes_per_s": self.ceilings,
