@@ -21,7 +21,6 @@ import pytest
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import (
     BaselineSet,
-    atomic_write_text,
     check_writable,
     dumps,
     family_path,
@@ -33,6 +32,7 @@ from moebench.baselines.store import (
     other_hardware_entries,
 )
 from moebench.baselines.update import write_updates
+from moebench.files import atomic_write_text
 from moebench.metrics import Metric
 from moebench.session import RunState
 

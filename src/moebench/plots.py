@@ -17,7 +17,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from moebench.baselines.compare import display_rank
-from moebench.baselines.store import BaselineSet, atomic_write_text
+from moebench.baselines.store import BaselineSet
+from moebench.files import atomic_write_text
 from moebench.report import breakdowns_markdown, breakdowns_text
 from moebench.runs import Run, fmt_value, latest_runs
 

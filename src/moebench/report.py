@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Iterable
 
 from moebench.baselines.compare import display_rank
-from moebench.baselines.store import atomic_write_text
+from moebench.files import atomic_write_text
 from moebench.session import Row
 
 # Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message

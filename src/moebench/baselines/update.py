@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from moebench.baselines.schema import validate_file
-from moebench.baselines.store import atomic_write_text, dumps, family_path, load_file, locked, merge_entries
+from moebench.baselines.store import dumps, family_path, load_file, locked, merge_entries
+from moebench.files import atomic_write_text
 from moebench.hardware import now_iso
 
 
