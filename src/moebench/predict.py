@@ -111,13 +111,13 @@ def decode_case(doc: Any, where: str, pattern: str | None = None) -> dict:
     if not cases:
         raise PredictError(f"{where}: no decode case" + (f" matching {pattern!r}" if pattern else "")
                            + " (a --results-json of `pytest benchmarks/ -m decode`)")
+    if len(cases) == 1:
+        return cases[0]
     profiled = [c for c in cases if (c.get("info") or {}).get("breakdown")]
-    if len(profiled) == 1 or (len(cases) > 1 and profiled):
+    if len(profiled) == 1:
         return profiled[0]
-    if len(cases) > 1:
-        raise PredictError(f"{where}: {len(cases)} decode cases; name one with --case "
-                           f"({', '.join(c['key'] for c in cases)})")
-    return cases[0]
+    raise PredictError(f"{where}: {len(cases)} decode cases; name one with --case "
+                       f"({', '.join(c['key'] for c in cases)})")
 
 
 def model_shape(case: dict, layers: int | None, hidden: int | None) -> tuple[int, int]:

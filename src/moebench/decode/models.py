@@ -21,6 +21,7 @@ Dummy weights in vLLM are uniform in +-1e-3: outputs are meaningless, the work p
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,7 @@ def has_tokenizer(folder: Path) -> bool:
                                                          "tiktoken.model"))
 
 
+@functools.lru_cache(maxsize=64)  # read once per folder: case keys are rendered many times at collection
 def quant_label(folder: Path | None) -> str:
     """A short name for the quantization a model folder's config declares ("int4-g32" for weight-only
     4-bit integer groups of 32, the gemm family's word for it), or "" when it declares none."""

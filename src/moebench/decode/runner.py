@@ -230,7 +230,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
     s = case.scenario
     # backend: the MoE kernel axis of `moebench backends` (the pin, or the kernel an "auto" must get)
     info: dict = {"scenario": s.name, "engine": case.engine, "model_dir": str(s.model_dir),
-                  "backend": s.expect_moe.lower() or s.moe_backend,
+                  "backend": s.moe_kernel,
                   "config_sha256": s.config_digest(),
                   "trials": s.trials, "warmup_trials": s.warmup_trials}
     attempt = [0]

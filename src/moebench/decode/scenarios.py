@@ -100,6 +100,11 @@ class Scenario:
         return p if p.is_dir() else None
 
     @property
+    def moe_kernel(self) -> str:
+        """The MoE kernel the case runs: the one the engine must report, else the pin."""
+        return self.expect_moe.lower() or self.moe_backend
+
+    @property
     def model_tag(self) -> str:
         """The model's name in case keys: the shipped config name, the label, or the folder name."""
         if self.model_label:
@@ -172,15 +177,11 @@ class DecodeCase:
         fam = self.engine_family
         if fam:
             out.append((fam, ()))
-            moe = MOE_MARKERS.get((fam, s.moe_backend))
+            moe = MOE_MARKERS.get((fam, s.moe_kernel))
             if moe:
                 out.append((moe, ()))
         if s.tiny:
             out.append(("tiny", ()))
-        if s.expect_moe:
-            kernel = s.expect_moe.lower()
-            if fam and (fam, kernel) in MOE_MARKERS and MOE_MARKERS[(fam, kernel)] not in [m for m, _ in out]:
-                out.append((MOE_MARKERS[(fam, kernel)], ()))
         if s.full:
             out.append(("full", ()))
         # A scenario pinned to other hardware keys carries no GPU marker: the plugin would skip it at
