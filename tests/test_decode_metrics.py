@@ -201,3 +201,15 @@ def test_engine_log_choices(tmp_path):
     assert c["moe"] == ["TRITON (Unquantized MoE)", "MARLIN (NvFp4 MoE)", "Marlin (WNA16 MoE)", "flashinfer_cutlass"]
     assert c["other"] == ["modelopt_fp4 (quantization)"]
     assert engine_log.choices(tmp_path / "missing.log")["moe"] == []
+
+
+def test_a_stream_flushed_in_one_big_burst_reads_its_end_to_end_rate():
+    # a starved vllm-server on a 2-core box: the first token, then 30 tokens in one chunk 150 ms later
+    # (the engine made them at 5 ms each); 16-token windows inside that chunk used to read 0.01 ms/token
+    t = Trial(False, [(0.010, 1), (0.012, 1), (0.160, 30)], [])
+    m = decode_metrics([t])
+    assert m["ms_per_token"].value == pytest.approx((160 - 12) / 30, rel=1e-6)  # one window: the whole trial
+    assert implausible(m, floor_ms=0.24) is None
+    # one token per chunk (every GPU stream): the 16-token window as before
+    smooth = Trial(False, [(0.010 + 0.004 * i, 1) for i in range(40)], [])
+    assert len(smooth.window_rates_s()) == 39 - 16

@@ -60,11 +60,15 @@ class Trial:
         """Seconds per token over every run of `window` consecutive tokens after the first: counts and
         times that stay right when a chunk carries several tokens (a burst of k tokens 0.01 ms apart
         no longer reads as k fast tokens: the window spans the wait before it). A rare stall moves a
-        few windows, not their median."""
+        few windows, not their median. The window is at least twice the largest chunk after the first
+        token, so that every window spans a wait: a starved server (2-core box) that flushes 30 tokens at
+        once is read over the whole trial, its end-to-end rate. On a stream of one token per chunk (every
+        GPU run) that changes nothing."""
         times = self.token_times_s()[1:]  # the first token is TTFT's, not the steady state's
         if len(times) < 2:
             return []
-        w = min(window, len(times) - 1)
+        largest = max([n for _, n in self.chunks[1:]] + [self.chunks[0][1] - 1])
+        w = min(max(window, 2 * largest), len(times) - 1)
         return [(times[i + w] - times[i]) / w for i in range(len(times) - w)]
 
 
