@@ -273,6 +273,48 @@ def test_config_for_real_shapes():
     assert tm.config_for(1, 7168, 256, 384, 8, None, pdl=True).pdl
 
 
+def test_dtype_vocabulary_is_the_gemm_familys():
+    """Every quantized gemm dtype has exactly one kernel format, and back: the translation table and
+    the family's DTYPES cannot drift apart."""
+    from moebench.gemm.cases import DTYPES
+    from moebench.gemm.triton_moe.quant import DTYPE_FORMATS
+
+    assert set(DTYPE_FORMATS) == set(DTYPES) - {"bf16"}
+    for dtype in DTYPES[1:]:
+        assert tm.Quant.for_dtype(dtype, (None,), (None,)).dtype == dtype
+    with pytest.raises(ValueError, match="int4_w4a16-g32"):
+        tm.Quant.for_dtype("int4_w4a16-g32", (None,))
+
+
+def test_config_table_keys_use_the_gemm_dtypes_and_known_entries_are_found():
+    """configs.json is keyed by the family's dtype names (bf16, int4-g32, ...), and config_for finds the
+    measured entries: the int4 Kimi-K2.5 M = 1 winner of the H200 sweeps (keyed int4_w4a16-g32 before)."""
+    from moebench.gemm.cases import DTYPES
+    from moebench.gemm.triton_moe.config import table_key
+
+    table = json.loads((SRC / PKG.replace(".", "/") / "configs.json").read_text())
+    keys = [k for k in table if not k.startswith("_")]
+    assert keys and all(k.split("|")[5] in DTYPES for k in keys), keys
+    quant = tm.Quant.for_dtype("int4-g32", (None, None))
+    key = table_key("fused", 1, 7168, 256, 384, 8, "int4-g32")
+    cfg = tm.config_for(1, 7168, 256, 384, 8, quant, pdl=True)
+    assert cfg.source == "table" and cfg.as_dict() == {**table[key], "source": "table"}
+    assert tm.config_for(1, 7168, 256, 384, 8, None).source == "table"
+
+
+def test_one_nibble_packing_for_every_4bit_layout():
+    """The Triton kernels' int4 bytes are vLLM's uint4b8 bytes, packed by the one shared implementation."""
+    from moebench.gemm import quant as gq
+
+    assert tm.pack_nibbles is gq.pack_nibbles and tm.unpack_nibbles is gq.unpack_nibbles
+    w = torch.randn(2, 4, 64, generator=torch.Generator().manual_seed(3))
+    data, scale, _ = tm.quantize_weight(w, "int4_w4a16", 32)
+    canonical = gq.quantize(w, "int4-g32")
+    assert data.equal(gq.pack_int4_uint4b8(canonical.q)) and scale.equal(canonical.scale)
+    assert (data[..., 0] & 15).equal((canonical.q[..., 0] + 8).to(torch.uint8))  # even k: low nibble
+    assert gq.unpack_int4_uint4b8(data).equal(canonical.q)
+
+
 @pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)

@@ -22,17 +22,11 @@ from moebench.gemm.backends.flashinfer_backend import (  # noqa: E402
     swizzled_offset,
     up_then_gate,
 )
-from moebench.gemm.backends.repack import (  # noqa: E402
-    nibbles_to_gptq_int32,
-    pack_int4_uint4b8,
-    pack_nibbles,
-    unpack_gptq_int32,
-    unpack_nibbles,
-)
+from moebench.gemm.backends.repack import nibbles_to_gptq_int32, unpack_gptq_int32  # noqa: E402
 from moebench.gemm.backends.vllm_backends import VLLM_BACKENDS, vllm_marlin, vllm_triton  # noqa: E402
 from moebench.gemm.backends.vllm_configs import config_file_name, marlin_block_size_m, triton_config_key  # noqa: E402
 from moebench.gemm.cases import GemmCase  # noqa: E402
-from moebench.gemm.quant import E2M1_VALUES, quantize  # noqa: E402
+from moebench.gemm.quant import E2M1_VALUES, pack_int4_uint4b8, pack_nibbles, quantize, unpack_nibbles  # noqa: E402
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 needs_vllm = pytest.mark.skipif(not HAS_VLLM, reason="vllm is not importable here")

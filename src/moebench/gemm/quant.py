@@ -100,3 +100,50 @@ def quantize(w, fmt: str) -> QuantWeight:
 def _block_expand(scale, n: int, k: int):
     """[E, N/128, K/128] block scales -> [E, N, K]."""
     return scale.repeat_interleave(128, 1).repeat_interleave(128, 2)[:, :n, :k]
+
+
+# --- 4-bit packing: the one implementation every 4-bit layout (the Triton kernels', vLLM's fused_experts
+# and Marlin inputs, FlashInfer's) is built from. -------------------------------------------------------
+def pack_nibbles(codes):
+    """uint8 codes 0..15 [..., K] -> uint8 [..., K/2]: element 2j in the low nibble, 2j+1 in the high
+    one (the order of vLLM's int4 fused_experts kernels, of moebench's Triton kernels and of NVFP4
+    checkpoints)."""
+    import torch
+
+    if codes.shape[-1] % 2:
+        raise ValueError(f"pack_nibbles: last dim {codes.shape[-1]} is odd")
+    c = codes.to(torch.uint8)
+    if c.numel() and int(c.max()) > 15:
+        raise ValueError("pack_nibbles: codes must lie in 0..15")
+    return (c[..., 0::2] | (c[..., 1::2] << 4)).contiguous()
+
+
+def unpack_nibbles(packed):
+    """Inverse of pack_nibbles: uint8 [..., K/2] -> uint8 codes [..., K]."""
+    import torch
+
+    return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
+
+
+def int4_to_uint4b8(q):
+    """Canonical int4 values (int8 in [-8, 7]) -> uint4b8 codes (q + 8, uint8 in 0..15)."""
+    import torch
+
+    if q.dtype != torch.int8:
+        raise TypeError(f"int4 values must be int8, got {q.dtype}")
+    if q.numel() and (int(q.min()) < -8 or int(q.max()) > 7):
+        raise ValueError("int4 values must lie in [-8, 7]")
+    return (q.to(torch.int16) + 8).to(torch.uint8)
+
+
+def pack_int4_uint4b8(q):
+    """int8 [E, N, K] in [-8, 7] -> uint8 [E, N, K/2]: nibble (k % 2) of byte k/2 holds q + 8 (zero point
+    8, no zero-point tensor). vLLM's fused_experts int4_w4a16 and moebench's Triton kernels read this."""
+    return pack_nibbles(int4_to_uint4b8(q))
+
+
+def unpack_int4_uint4b8(packed):
+    """Inverse of pack_int4_uint4b8: uint8 [..., K/2] -> int8 values [..., K] in [-8, 7]."""
+    import torch
+
+    return (unpack_nibbles(packed).to(torch.int16) - 8).to(torch.int8)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 
 from moebench.gemm.backends.base import Backend, Built
-from moebench.gemm.backends.repack import pack_nibbles
+from moebench.gemm.quant import pack_nibbles
 from moebench.gemm.cases import GemmCase
 
 FP4_MAX, FP8_MAX = 6.0, 448.0

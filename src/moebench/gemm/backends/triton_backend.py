@@ -5,9 +5,6 @@ from __future__ import annotations
 from moebench.gemm.backends.base import Backend, Built
 from moebench.gemm.cases import GemmCase
 
-_KIND = {"int4-g32": ("int4_w4a16", 32), "int4-g128": ("int4_w4a16", 128), "fp8-tensor": ("fp8_w8a8", 0),
-         "fp8-block128": ("fp8_w8a8", 128), "nvfp4": ("nvfp4_w4a16", 16)}
-
 
 def _triton_weight(wl, which: str):
     """(data, scale, global_scale) in the Triton kernels' layout, repacked from the canonical quantized
@@ -15,13 +12,11 @@ def _triton_weight(wl, which: str):
     key = ("triton", which, wl.case.dtype)
     cache = wl.weights.quantized
     if key not in cache:
-        import torch
-
-        from moebench.gemm.triton_moe.quant import pack_nibbles
+        from moebench.gemm.quant import pack_int4_uint4b8, pack_nibbles
 
         qw = wl.quant(which)
         if qw.fmt.startswith("int4"):
-            cache[key] = (pack_nibbles((qw.q + 8).to(torch.uint8)), qw.scale, None)
+            cache[key] = (pack_int4_uint4b8(qw.q), qw.scale, None)
         elif qw.fmt.startswith("fp8"):
             cache[key] = (qw.q, qw.scale, None)
         else:
@@ -38,11 +33,10 @@ def build(case: GemmCase, wl) -> Built:
         bf = {"w1": wl.weights.w1, "w2": wl.weights.w2, "w1_gate": wl.weights.w1[:, : wl.I].contiguous()}
         data, quant = [bf[n] for n in names], None
     else:
-        kind, group = _KIND[case.dtype]
         packed = [_triton_weight(wl, n) for n in names]
         data = [p[0] for p in packed]
-        gs = tuple(p[2] for p in packed) if kind == "nvfp4_w4a16" else ()
-        quant = triton_moe.Quant(kind, group, tuple(p[1] for p in packed), gs)
+        gs = tuple(p[2] for p in packed) if case.dtype == "nvfp4" else ()
+        quant = triton_moe.Quant.for_dtype(case.dtype, tuple(p[1] for p in packed), gs)
     calls = []
     for r in range(wl.R):
         x, ids, w = wl.x[r], wl.topk_ids[r], wl.topk_weights[r]
@@ -53,10 +47,8 @@ def build(case: GemmCase, wl) -> Built:
             calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
     # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
     if op == "fused":
-        from moebench.gemm.triton_moe.api import _pdl_capable
-
         cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
-                                    pdl=_pdl_capable(wl.x[0].device))
+                                    pdl=triton_moe.pdl_capable(wl.x[0].device))
     else:
         n, k = (wl.K, wl.I) if op == "gemm2" else (data[0].shape[1], wl.K)
         cfg = triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if op == "gemm2" else "gemm1")

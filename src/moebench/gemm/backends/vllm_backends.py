@@ -50,7 +50,7 @@ from __future__ import annotations
 import os
 
 from moebench.gemm.backends.base import Backend, Built
-from moebench.gemm.backends.repack import pack_int4_uint4b8
+from moebench.gemm.quant import pack_int4_uint4b8
 from moebench.gemm.backends.vllm_common import _cached, _check_inputs, _expect, _kwargs_for, _probe, _vllm_version
 from moebench.gemm.backends.vllm_configs import _INT4_GROUP, _with_override, triton_config_key, wna16_block_k_fix
 from moebench.gemm.backends.vllm_marlin import build_vllm_marlin

@@ -7,7 +7,8 @@ from __future__ import annotations
 import inspect
 
 from moebench.gemm.backends.base import Built
-from moebench.gemm.backends.repack import nibbles_to_gptq_int32, pack_int4_uint4b8, pack_nibbles
+from moebench.gemm.backends.repack import nibbles_to_gptq_int32
+from moebench.gemm.quant import pack_int4_uint4b8, pack_nibbles
 from moebench.gemm.backends.vllm_common import _cached, _check_inputs, _expect, _kwargs_for, _probe, _vllm_version
 from moebench.gemm.backends.vllm_configs import _INT4_GROUP, marlin_block_size_m
 from moebench.gemm.cases import GemmCase

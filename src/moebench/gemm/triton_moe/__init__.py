@@ -11,7 +11,7 @@ built for the interpreter or the GPU at import). See docs/triton-moe-notes.md fo
 
 import triton
 
-from .api import fused_moe, grouped_gemm
+from .api import fused_moe, grouped_gemm, pdl_capable
 from .config import KernelConfig, MoEConfig, config_for
 from .quant import (Quant, dequantize_weight, fake_quant_fp8_act, pack_nibbles, quantize_moe, quantize_weight,
                     unpack_nibbles)
@@ -24,6 +24,6 @@ if triton.knobs.runtime.interpret:
 
 __all__ = [
     "KernelConfig", "MoEConfig", "Quant", "config_for", "dequantize_weight", "fake_quant_fp8_act", "fused_moe",
-    "fused_moe_ref", "grouped_gemm", "grouped_gemm_ref", "pack_nibbles", "quantize_moe", "quantize_weight",
-    "unpack_nibbles",
+    "fused_moe_ref", "grouped_gemm", "grouped_gemm_ref", "pack_nibbles", "pdl_capable", "quantize_moe",
+    "quantize_weight", "unpack_nibbles",
 ]

@@ -101,7 +101,10 @@ def _check(kc: KernelConfig, w: _Weight, a: _Act, path: str):
             raise ValueError("fp8 block-128 on the grouped path needs block_k == 128")
 
 
-def _pdl_capable(device: torch.device) -> bool:
+def pdl_capable(device: torch.device) -> bool:
+    """Whether the fused path may launch its down kernel with programmatic dependent launch on this
+    device (a Hopper or newer GPU); config_for's `pdl` argument, shared by fused_moe and whoever records
+    the config fused_moe will pick (the `triton` gemm backend)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
 
 
@@ -159,7 +162,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_weights:
     I = wu.N // 2
     if wu.K != K or wd.N != K or wd.K != I or wd.E != wu.E:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)}")
-    cfg = config or config_for(M, K, I, wu.E, topk, quant, op="fused", pdl=_pdl_capable(x.device))
+    cfg = config or config_for(M, K, I, wu.E, topk, quant, op="fused", pdl=pdl_capable(x.device))
     ids, tw = _routing(topk_ids, topk_weights)
     P = M * topk
     h = torch.empty((P, I), dtype=x.dtype, device=x.device)

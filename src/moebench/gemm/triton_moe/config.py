@@ -56,9 +56,10 @@ def m_bucket(M: int) -> int:
     return next((b for b in M_BUCKETS if b >= M), M_BUCKETS[-1])
 
 
-def table_key(op: str, M: int, K: int, N: int, E: int, topk: int, quant_key: str) -> str:
-    """Key of configs.json: op|K|N|E|topk|quant|M-bucket."""
-    return f"{op}|{K}|{N}|{E}|{topk}|{quant_key}|{m_bucket(M)}"
+def table_key(op: str, M: int, K: int, N: int, E: int, topk: int, dtype: str) -> str:
+    """Key of configs.json: op|K|N|E|topk|dtype|M-bucket, dtype in the gemm family's names ("bf16",
+    "int4-g32", ...: moebench.gemm.cases.DTYPES, a Quant's `dtype`)."""
+    return f"{op}|{K}|{N}|{E}|{topk}|{dtype}|{m_bucket(M)}"
 
 
 def _load_table() -> dict:
@@ -77,8 +78,7 @@ def config_for(M: int, K: int, N: int, E: int, topk: int, quant=None, *, op: str
     weight is [E, N, K]). quant: a Quant or None (bf16). pdl: allow programmatic dependent launch
     (pass True on Hopper or newer GPUs; the fused path uses it).
     """
-    qkey = quant.key if quant is not None else "bf16"
-    hit = _TABLE.get(table_key(op, M, K, N, E, topk, qkey))
+    hit = _TABLE.get(table_key(op, M, K, N, E, topk, quant.dtype if quant is not None else "bf16"))
     if hit is not None:
         cfg = replace(MoEConfig.from_dict(hit), source="table")
     else:

@@ -21,8 +21,17 @@ from dataclasses import dataclass
 
 import torch
 
-from moebench.gemm.quant import FP8_MAX, QuantWeight, quantize
+from moebench.gemm.quant import (FP8_MAX, QuantWeight, pack_int4_uint4b8, pack_nibbles, quantize,
+                                 unpack_int4_uint4b8, unpack_nibbles)
+
 KINDS = ("int4_w4a16", "fp8_w8a8", "nvfp4_w4a16")
+# The names users see are the gemm family's dtypes (moebench.gemm.cases.DTYPES): config-table keys,
+# config_for's lookup, the sweep's --dtypes, results. A Quant's (kind, group_size) is the kernels' own
+# description of the layout, named after vLLM's quant methods whose layouts they follow; this table is
+# the one translation between the two.
+DTYPE_FORMATS = {"int4-g32": ("int4_w4a16", 32), "int4-g128": ("int4_w4a16", 128), "fp8-tensor": ("fp8_w8a8", 0),
+                 "fp8-block128": ("fp8_w8a8", 128), "nvfp4": ("nvfp4_w4a16", 16)}
+_FORMAT_DTYPES = {fmt: dtype for dtype, fmt in DTYPE_FORMATS.items()}
 
 
 @dataclass(frozen=True)
@@ -51,28 +60,22 @@ class Quant:
         if self.kind == "nvfp4_w4a16" and len(self.global_scales) != len(self.scales):
             raise ValueError("nvfp4_w4a16 needs one global scale per weight tensor")
 
+    @classmethod
+    def for_dtype(cls, dtype: str, scales: tuple, global_scales: tuple = ()) -> "Quant":
+        """The Quant of a gemm-family dtype ("int4-g32", "fp8-block128", "nvfp4", ...)."""
+        if dtype not in DTYPE_FORMATS:
+            raise ValueError(f"no quantized format for dtype {dtype!r} (known: {', '.join(DTYPE_FORMATS)})")
+        kind, group = DTYPE_FORMATS[dtype]
+        return cls(kind, group, scales, global_scales)
+
     @property
-    def key(self) -> str:
-        """Short name used in config tables and results, e.g. "int4_w4a16-g32"."""
-        return f"{self.kind}-g{self.group_size}"
+    def dtype(self) -> str:
+        """The gemm family's name of this format, e.g. "int4-g32"."""
+        return _FORMAT_DTYPES[(self.kind, self.group_size)]
 
 
-def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
-    """Pack 4-bit codes (uint8 0..15) [..., K] into bytes [..., K // 2]; even k in the low nibble."""
-    if codes.shape[-1] % 2:
-        raise ValueError("K must be even to pack two 4-bit values per byte")
-    c = codes.to(torch.uint8)
-    return c[..., 0::2] | (c[..., 1::2] << 4)
-
-
-def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of pack_nibbles: bytes [..., K // 2] -> codes uint8 [..., K]."""
-    lo, hi = packed & 15, packed >> 4
-    return torch.stack((lo, hi), dim=-1).flatten(-2)
-
-
-# The format math (scales, rounding) lives in moebench.gemm.quant, shared with every other backend;
-# this module only packs it into the kernels' layout (two 4-bit codes per byte).
+# The format math (scales, rounding) and the 4-bit packing live in moebench.gemm.quant, shared with
+# every other backend; this module only puts them together in the kernels' argument layout.
 def _canonical(fmt: str, w: torch.Tensor) -> QuantWeight:
     return quantize(w, fmt)
 
@@ -83,13 +86,12 @@ def quantize_int4(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch
     w: [E, N, K] float. Returns (packed uint8 [E, N, K // 2], scale float32 [E, N, K // group_size]).
     """
     qw = _canonical(f"int4-g{group_size}", w)
-    return pack_nibbles((qw.q + 8).to(torch.uint8)), qw.scale
+    return pack_int4_uint4b8(qw.q), qw.scale
 
 
 def dequantize_int4(packed: torch.Tensor, scale: torch.Tensor, group_size: int) -> torch.Tensor:
     """float32 [E, N, K] from quantize_int4's outputs."""
-    q = (unpack_nibbles(packed).to(torch.int16) - 8).to(torch.int8)
-    return QuantWeight(f"int4-g{group_size}", q, scale).dequantize()
+    return QuantWeight(f"int4-g{group_size}", unpack_int4_uint4b8(packed), scale).dequantize()
 
 
 def quantize_fp8(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
