@@ -72,7 +72,8 @@ def test_gemm(case: GemmCase, moebench, request):
     built = backend.build(case, wl)
     # Correct first: a fast wrong kernel is a regression.
     checked = runner.check(built, wl, backend.error_bounds.get(case.dtype), key=case.key)
-    ceiling = moebench.ceiling(device)
+    # The expert GEMMs stream weights and write a few KB: their floor is bytes over the read ceiling.
+    ceiling = moebench.ceiling(device, "read")
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
             **built.info}
 

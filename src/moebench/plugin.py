@@ -218,15 +218,17 @@ class CaseRecorder:
         with capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext():
             tr.write_line(f"  [moebench] {message}", flush=True)
 
-    def ceiling(self, device: str = "cuda") -> float:
-        """This session's memory ceiling in bytes/s (a large device copy, read + write), measured once."""
-        from moebench.timing import copy_bandwidth
+    def ceiling(self, device: str = "cuda", kind: str = "copy") -> float:
+        """This session's memory ceiling in bytes/s, measured once per device and kind by
+        moebench.bandwidth: "copy" (a large device copy, read + write) or "read" (a large read-only
+        reduction: the floor of read-dominated work)."""
+        from moebench import bandwidth
 
         def measure() -> float:
-            self.progress(f"measuring the memory ceiling on {device} (large copy)")
-            return copy_bandwidth(1 << 30 if device != "cpu" else 1 << 28, device=device)[0]
+            self.progress(f"measuring the memory ceiling on {device} ({bandwidth.KINDS.get(kind, kind)})")
+            return bandwidth.measure_ceiling(device, kind)
 
-        return self._state.ceiling(device, measure)
+        return self._state.ceiling(bandwidth.session_key(device, kind), measure)
 
     def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
                info: dict | None = None, primary: str | None = None, group: str | None = None,

@@ -155,20 +155,6 @@ def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: i
     return collect(lambda: event_time(torch, run_all) / len(calls), rule)
 
 
-def copy_bandwidth(nbytes: int = 1 << 30, *, device: str = "cuda", rule: StopRule = StopRule(min_samples=10, max_seconds=2.0)) -> tuple[float, list[float]]:
-    """The memory ceiling measured here: a device-to-device copy of nbytes, counted as read + write.
-    Returns (median bytes/s, per-copy samples in seconds). On device='cpu' it copies host memory."""
-    import torch
-
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    calls = [lambda: dst.copy_(src)]
-    samples = cpu_timer(calls, rule) if device == "cpu" else eager_timer(calls, rule)
-    samples.sort()
-    median = samples[len(samples) // 2]
-    return 2 * nbytes / median, samples
-
-
 def device_properties(device: int | None = None) -> dict:
     """torch's view of the GPU the work ran on (initializes CUDA: call only while measuring)."""
     import torch

@@ -2,9 +2,9 @@
 
 At batch 1 a decode step is bound by reading the weights once: every attention projection, the dense
 MLPs, the router, the top-k routed experts and the shared experts of each MoE layer, the final norm and
-the LM head (plus one embedding row). Divided by the memory ceiling measured in the same session
-(`moebench.ceiling(device)`), that gives the fastest ms/token the hardware allows; the measured ms/token
-over that floor is the engine's efficiency. KV-cache reads are left out: at the short contexts of
+the LM head (plus one embedding row). Divided by the memory read ceiling measured in the same session
+(`moebench.ceiling(device, "read")`), that gives the fastest ms/token the hardware allows; the measured
+ms/token over that floor is the engine's efficiency. KV-cache reads are left out: at the short contexts of
 these scenarios they are under 1% of the weights.
 
 With tensor parallelism each rank reads 1/tp of the bytes (MLA's low-rank A projections are in fact

@@ -187,8 +187,10 @@ def check_choices(case: DecodeCase, choices: dict) -> str:
     return "; ".join(unchecked)
 
 
-def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callable[[str], float], info: dict) -> dict[str, Metric]:
-    """The memory floor (weight bytes per token over the session's ceiling) and efficiency against it,
+def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callable[[str, str], float],
+                  info: dict) -> dict[str, Metric]:
+    """The memory floor (weight bytes per token over the session's read ceiling, `ceiling(device,
+    "read")`: a decode step reads its weights and KV cache and writes little) and efficiency against it,
     for the whole step and, with a breakdown, per category (its bytes over its GPU time per step)."""
     steady_ms = metrics["ms_per_token"].value
     s = case.scenario
@@ -202,12 +204,12 @@ def floor_metrics(case: DecodeCase, metrics: dict[str, Metric], ceiling: Callabl
         info["floor"] = f"not computed: {e}"
         return {}
     device = "cpu" if s.device == "cpu" else "cuda"
-    bw = ceiling(device)
+    bw = ceiling(device, "read")
     floor_ms = wb.floor_ms(bw)
     info["floor"] = {"weight_bytes_per_token": round(wb.total), "attention": round(wb.attention),
                      "dense_mlp": round(wb.dense_mlp), "router": round(wb.router),
                      "routed_experts": round(wb.routed_experts), "shared_experts": round(wb.shared_experts),
-                     "head": round(wb.head), "ceiling_GBps": round(bw / 1e9, 1), "device": device}
+                     "head": round(wb.head), "ceiling_GBps": round(bw / 1e9, 1), "ceiling": "read", "device": device}
     out = {"floor_ms_per_token": Metric(floor_ms, "ms", "lower", gated=False),
            "pct_of_floor": Metric(100.0 * floor_ms / steady_ms, "%", "higher", gated=False)}
     # the attention reads the KV cache: the mean context over a trial's decode steps
