@@ -336,7 +336,8 @@ def test_compiles_for_sm90(name):
 
 
 def test_sweep_smoke(tmp_path):
-    """The H200 sweep runs end to end on CPU (interpreter, tiny shapes) and writes its JSON."""
+    """The H200 sweep runs end to end on CPU (interpreter, tiny shapes) through the gemm family's cases,
+    check and timing, and writes its JSON."""
     out = tmp_path / "sweep.json"
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(SRC))
     proc = subprocess.run([sys.executable, "-m", f"{PKG}.sweep", "--smoke", "--out", str(out)],
@@ -345,6 +346,36 @@ def test_sweep_smoke(tmp_path):
     data = json.loads(out.read_text())
     assert data["cases"] and all(c["results"] for c in data["cases"])
     assert any(r["status"] == "ok" for c in data["cases"] for r in c["results"])
+    # The cases are the gemm family's (the tiny preset at tp 32), the floor is their Workload's bytes at
+    # the read ceiling measured in the run (not a constant), and the table is keyed in the family's dtypes.
+    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.workload import Workload
+
+    ceiling = data["read_ceiling_bytes_per_s"]
+    assert 1e8 < ceiling < 1e12  # measured on this CPU, not an H200 constant
+    for c in data["cases"]:
+        shape = GemmCase(c["model"], c["tp"], "fused", c["M"], c["dtype"], "decode", "-")
+        assert c["case"] == f"gemm[{shape.shape_id}-triton]"
+        assert c["floor_us"] == pytest.approx(Workload(shape, "cpu", 1).bytes_per_call() / ceiling * 1e6)
+    assert sorted(data["table"]) == ["fused|1024|32|32|4|bf16|1", "fused|1024|32|32|4|int4-g32|1"]
+
+
+def test_sweep_bench_is_the_suites_case_backend_and_floor():
+    """The sweep's Bench is the gemm family's case on its Workload, built by the `triton` backend (the
+    calls the suite times, with the candidate config forced) and held to the floor at the given ceiling."""
+    from moebench.gemm.backends.triton_backend import build
+    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.triton_moe.sweep import SMOKE_RULE, Bench, cases
+
+    case = cases(smoke=True)[0]
+    bench = Bench(case, "cpu", 2, ceiling=1e10, rule=SMOKE_RULE)
+    assert (bench.wl.K, bench.wl.I, bench.wl.E, bench.wl.topk) == (1024, 32, 32, 4)  # presets.py's tiny, tp 32
+    assert bench.floor_us == pytest.approx(bench.wl.bytes_per_call() / 1e10 * 1e6)
+    assert bench.default == build(case, bench.wl).info["config"]
+    cfg = tm.MoEConfig("gemv", tm.KernelConfig(block_n=32, block_k=1024), tm.KernelConfig(block_n=128, block_k=32))
+    built = bench.built(cfg)
+    assert len(built.calls) == 2 and built.info["config"] == cfg.as_dict()
+    assert case == GemmCase("tiny", 32, "fused", 1, "bf16", "decode", "triton")
 
 
 def test_profile_smoke():
@@ -355,7 +386,8 @@ def test_profile_smoke():
                                     capture_output=True, text=True, timeout=300)
     ok = run()
     assert ok.returncode == 0, ok.stdout[-2000:] + ok.stderr[-2000:]
-    assert "checked (rel err" in ok.stdout and "us per call" in ok.stdout
+    assert "checked (rel err" in ok.stdout and "us per call" in ok.stdout and "GB/s read ceiling" in ok.stdout
+    assert "gemm[tiny-tp32-fused-m1-bf16-decode-triton]: config" in ok.stdout
     bad = run("--config", '{"path": "gemv"}')
     assert bad.returncode == 2 and "--config is not a MoEConfig" in bad.stderr
 

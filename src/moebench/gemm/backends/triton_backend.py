@@ -24,7 +24,9 @@ def _triton_weight(wl, which: str):
     return cache[key]
 
 
-def build(case: GemmCase, wl) -> Built:
+def build(case: GemmCase, wl, config=None) -> Built:
+    """The R calls of the case on the workload. config: a triton_moe.MoEConfig every call uses (the config
+    sweep's candidates); None: each call takes config_for's choice, as a user's call would."""
     from moebench.gemm import triton_moe
 
     op = case.op
@@ -41,12 +43,16 @@ def build(case: GemmCase, wl) -> Built:
     for r in range(wl.R):
         x, ids, w = wl.x[r], wl.topk_ids[r], wl.topk_weights[r]
         if op == "fused":
-            calls.append(lambda x=x, ids=ids, w=w: triton_moe.fused_moe(x, data[0], data[1], w, ids, quant=quant))
+            calls.append(lambda x=x, ids=ids, w=w: triton_moe.fused_moe(x, data[0], data[1], w, ids, quant=quant,
+                                                                        config=config))
         else:
             gop = "gemm2" if op == "gemm2" else "gemm1"
-            calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant))
+            calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant,
+                                                                               config=config))
     # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
-    if op == "fused":
+    if config is not None:
+        cfg = config
+    elif op == "fused":
         cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
                                     pdl=triton_moe.pdl_capable(wl.x[0].device))
     else:
