@@ -16,8 +16,11 @@
 #   --timeout-minutes N  the job's limit; pytest is interrupted (SIGINT) early enough to still write
 #                        what it measured (default: the job's timeout_minutes)
 #   --strict/--no-strict --baseline-strict (NEW and STALE fail); default on in GPU mode, off in CPU mode
+#   --record             write the measured values into --baseline-dir (--baseline-update) instead of
+#                        proposing them, never strict: the record half of record-then-gate (ci/lent.sh)
+#   --no-plots           skip the trend plots (a machine without matplotlib); the comparison stays
 #
-# Writes into the output folder: results.json, summary.md, junit.xml, pytest.log, proposed-baselines/,
+# Writes into the output folder: results.json, summary.md, junit.xml, pytest.log, proposed-baselines/ (not with --record),
 # machine/ (ci/snapshot.sh), report/ (plots/*.png, index.html, index.md), compare-previous.txt.
 # Exit code: pytest's (1 when a case regressed), else non-zero if the report could not be made.
 # MOEBENCH_HOME: $HOME/.moebench under GitHub Actions (it outlives the workspace on a self-hosted
@@ -32,6 +35,7 @@ export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moeb
 die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
 
 mode=auto job="" markers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
+record=0 plots=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu) mode=cpu ;;
@@ -45,6 +49,8 @@ while [ $# -gt 0 ]; do
     --timeout-minutes) timeout_min="${2:?--timeout-minutes needs a number}"; shift ;;
     --strict) strict=1 ;;
     --no-strict) strict=0 ;;
+    --record) record=1 ;;
+    --no-plots) plots=0 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown option '$1' (see ci/nightly.sh --help)" ;;
@@ -62,6 +68,7 @@ matrix() { "$py" ci/matrix.py --job "$job" --field "$1"; }
 case "$timeout_min" in ''|*[!0-9]*) die "--timeout-minutes '$timeout_min': not a whole number of minutes" ;; esac
 gpus=$(matrix gpus 2>/dev/null || echo 0)
 [ -n "$strict" ] || strict=$([ "$mode" = gpu ] && echo 1 || echo 0)
+[ "$record" = 1 ] && strict=0  # a record writes NEW entries: strict would refuse what it is there to write
 
 if [ "$mode" = cpu ]; then
   # Hide any GPU: NVML then reports none, the hardware key is the CPU's, GPU cases skip with a reason.
@@ -84,9 +91,10 @@ echo "== output $out; storage $storage; history $history"
 ci/snapshot.sh "$out/machine"
 
 # --- the run: per-case lines (-v) and the outcome of every test (-rA) stay on the terminal and in the log.
-args=(-m "$markers" -v -rA --baseline-dir "$baseline_dir" --baseline-propose "$out/proposed-baselines"
+args=(-m "$markers" -v -rA --baseline-dir "$baseline_dir"
       --results-json "$out/results.json" --junitxml "$out/junit.xml" --summary-md "$out/summary.md"
       --benchmark-storage "$storage" --benchmark-save "$job")
+if [ "$record" = 1 ]; then args+=(--baseline-update); else args+=(--baseline-propose "$out/proposed-baselines"); fi
 [ "$strict" = 1 ] && args+=(--baseline-strict)
 # Leave a fifth of the limit (at most 5 minutes) for the report; SIGINT lets pytest write what it has.
 limit_s=$((timeout_min * 60)); reserve=$((limit_s / 5 < 300 ? limit_s / 5 : 300))
@@ -125,7 +133,9 @@ if [ -f "$out/results.json" ]; then
   # The stored baselines draw the line and band; without a baseline folder, each run's recorded baseline.
   with_baselines=()
   [ -d "$baseline_dir" ] && with_baselines=(--baseline-dir "$baseline_dir")
-  "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" || report_rc=$?
+  if [ "$plots" = 1 ]; then
+    "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" || report_rc=$?
+  fi
 else
   echo "== no results file: pytest stopped before the end of the session (see $out/pytest.log)"
   report_rc=1

@@ -18,7 +18,7 @@ def git_commit(cwd: str | None = None) -> str:
     """HEAD's hash, with '-dirty' when the tree has uncommitted changes; 'unknown' outside a checkout.
 
     MOEBENCH_COMMIT wins when set: a tree copied to a lent GPU machine travels without .git, so the
-    command that sends it names the commit (scripts/h200.sh).
+    command that sends it names the commit (ci/lent.sh refuses to record without it).
     """
     if os.environ.get("MOEBENCH_COMMIT"):
         return os.environ["MOEBENCH_COMMIT"]

@@ -63,7 +63,8 @@ _FUSED = frozenset({"fused"})
 WNA16_BLOCK_K_WORKAROUND = True
 # Those workaround cases' graph time depends on where their buffers land in GPU memory, not on the code:
 # the same case read 71.6-89.2 us across builds with identical inputs (sessions 2 and 3;
-# scripts/order_probe.py: 73.4-78.1 us within one process, moved by a rebuild or torch.cuda.empty_cache()),
+# a one-off probe, scripts/order_probe.py in the history before issue 15: 73.4-78.1 us within one process,
+# moved by a rebuild or torch.cuda.empty_cache()),
 # while every other vllm_triton case repeated within 1%. They are gated at this tolerance, not 5%.
 WNA16_WORKAROUND_REL_TOL = 0.25
 TRITON_DTYPES = frozenset({"bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128"})
