@@ -83,3 +83,12 @@ def test_progress_and_comparison_are_visible(nightly):
 def test_bad_options_exit_2(tmp_path, args, expect):
     r = subprocess.run(["ci/nightly.sh", *args], cwd=REPO, env=env(tmp_path), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and expect in r.stderr, r.stderr
+
+
+def test_no_plots_skips_the_report_but_keeps_the_results(tmp_path):
+    """--no-plots (a lent machine without matplotlib): no report folder, exit 0 when the cases passed."""
+    out = tmp_path / "out"
+    r = subprocess.run(["ci/nightly.sh", "--cpu", "--no-plots", "--markers", "selfcheck", "--out", str(out), "--",
+                        "-k", "copy_bandwidth"], cwd=REPO, env=env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert (out / "results.json").exists() and not (out / "report").exists()
