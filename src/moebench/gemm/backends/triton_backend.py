@@ -29,10 +29,30 @@ def _triton_weight(wl, which: str):
     return cache[key]
 
 
+def build_w4(case: GemmCase, wl, config=None) -> Built:
+    """int4 g32 fused MoE at decode M: the rows-4 kernel (triton_moe/w4.py), weights repacked once.
+    config: (up, down) KernelConfigs (default: w4.w4_config, the table the tuner writes)."""
+    from moebench.gemm.triton_moe import w4
+
+    key = ("triton-w4", case.dtype)
+    cache = wl.weights.quantized
+    if key not in cache:
+        cache[key] = tuple(w4.pack_rows4(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
+    w1, w2 = cache[key]
+    up, down = config or w4.w4_config(wl.M, wl.K, wl.I, wl.E, wl.topk)
+    calls = [lambda x=x, ids=ids, w=w: w4.fused_moe_w4(x, w1, w2, w, ids, config=(up, down))
+             for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+    cfg = {"path": "w4_gemv", "up": up.__dict__, "down": down.__dict__}
+    return Built(calls, [], {"impl": "moebench.gemm.triton_moe.w4", "op": case.op, "config": cfg})
+
+
 def build(case: GemmCase, wl) -> Built:
     from moebench.gemm import triton_moe
+    from moebench.gemm.triton_moe.config import GEMV_MAX_M
 
     op = case.op
+    if op == "fused" and case.dtype == "int4-g32" and wl.M <= GEMV_MAX_M:
+        return build_w4(case, wl)
     names = {"fused": ("w1", "w2"), "expert": ("w1_gate",), "gemm1": ("w1",), "gemm2": ("w2",)}[op]
     if case.dtype == "bf16":
         bf = {"w1": wl.weights.w1, "w2": wl.weights.w2, "w1_gate": wl.weights.w1[:, : wl.I].contiguous()}
