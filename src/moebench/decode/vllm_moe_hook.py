@@ -119,9 +119,10 @@ def install(method_cls) -> None:
         if w is None:
             return orig_apply(self, layer, x, topk_weights, topk_ids, shared_experts_input, **kw)
         if pdl[0] is None:
-            pdl[0] = torch.cuda.get_device_capability(x.device) >= (9, 0)
+            pdl[0] = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
         out = fused_moe_w4(x, w[0], w[1], topk_weights, topk_ids, pdl=pdl[0])
-        if getattr(layer, "_moebench_check", False) and not torch.cuda.is_current_stream_capturing():
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a graph
+        if getattr(layer, "_moebench_check", False) and not capturing:
             ref = orig_apply(self, layer, x.clone(), topk_weights, topk_ids, shared_experts_input, **kw)
             err = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
             layer._moebench_check = False

@@ -15,6 +15,7 @@ Packing is a one-time cost at load (a permute), not part of a call.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +98,12 @@ def w4_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, 
     return up, down
 
 
+def use_asm(device: torch.device) -> bool:
+    """The inline-PTX dequantization runs on CUDA devices; MOEBENCH_W4_ASM=0 forces the plain-Triton
+    formula there too (to tell an asm fault from a layout fault when a check fails)."""
+    return device.type == "cuda" and os.environ.get("MOEBENCH_W4_ASM", "1") != "0"
+
+
 def _launch(a, w: W4Weight, ids, tw, out, *, rows, N, K, up_rows, slots, a_div, weighted, kc: KernelConfig,
             pdl_wait=False, pdl_trigger=False):
     if kc.block_n % 4 or kc.block_k % GROUP:
@@ -109,7 +116,7 @@ def _launch(a, w: W4Weight, ids, tw, out, *, rows, N, K, up_rows, slots, a_div, 
         out.stride(0),
         K=K, UP_ROWS=up_rows, SLOTS=slots, SLOTS_P=triton.next_power_of_2(slots), A_DIV=a_div,
         WEIGHTED=weighted, BLOCK_N=kc.block_n, BLOCK_K=kc.block_k,
-        PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=a.device.type == "cuda",
+        PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=use_asm(a.device),
         num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
 
 
