@@ -273,7 +273,7 @@ def test_config_for_real_shapes():
     assert tm.config_for(1, 7168, 256, 384, 8, None, pdl=True).pdl
 
 
-@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32"])
+@pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32", "w4_up", "w4_down"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)
     without spills, with 16-byte weight or activation loads, and bf16 without any shared-memory
@@ -289,7 +289,7 @@ def test_compiles_for_sm90(name):
         pytest.skip(f"no ptxas: {exc}")
     assert r["spill"] == 0
     assert r["loads"].get("ld.global.v4.b32", 0) > 0
-    if "bf16" in name:
+    if "bf16" in name or name == "w4_down":
         assert r["loop_smem"] == 0
 
 
