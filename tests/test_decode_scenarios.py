@@ -261,3 +261,47 @@ def test_a_pin_the_log_does_not_mention_is_recorded_as_unchecked():
     from moebench.decode.runner import check_choices
 
     assert check_choices(DecodeCase(_scenario(), "vllm"), {}) == "MoE kernel 'triton': not in the engine's log"
+
+
+def test_an_engine_hook_scenario_is_its_own_case_with_its_own_marker():
+    hooked = _scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4")
+    plain = _scenario(moe_backend="auto", expect_moe="marlin")
+    h, p = DecodeCase(hooked, "vllm"), DecodeCase(plain, "vllm")
+    assert "-moe_moebench_w4-" in h.key and "-moe_auto-" in p.key
+    assert ("triton", ()) in h.markers() and ("vllm_marlin", ()) in p.markers()
+    assert h.definition()["moe_hook"] == "moebench_w4"
+    # a scenario without a hook keeps the definition it had before the field existed (stored entries stay valid)
+    assert "moe_hook" not in p.definition()
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"moe_hook": "nope", "expect_moe": "nope"}, "moe_hook: must be one of moebench_w4, got 'nope'"),
+    ({"moe_hook": "moebench_w4", "expect_moe": "marlin"}, "expect_moe: must be 'moebench_w4' with moe_hook"),
+    ({"moe_hook": "moebench_w4", "expect_moe": "moebench_w4", "engine": "sglang-server"}, "moe_hook: is a vLLM plugin"),
+])
+def test_bad_engine_hooks_are_one_line_naming_the_field(kw, needle):
+    with pytest.raises(ScenarioError) as e:
+        _scenario(moe_backend="auto", **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_hook_scenario_puts_the_plugin_on_the_engines_path_and_others_never_get_it():
+    from moebench.decode import vllm_moe_hook
+
+    hooked = DecodeCase(_scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4"), "vllm")
+    env = commands.engine_env(hooked, base={"PYTHONPATH": "/x"})
+    assert env[vllm_moe_hook.ENV] == "w4"
+    assert env["PYTHONPATH"].split(":")[1] == vllm_moe_hook.hook_path() and env["PYTHONPATH"].endswith(":/x")
+    plain = DecodeCase(_scenario(moe_backend="auto", expect_moe="marlin"), "vllm")
+    env = commands.engine_env(plain, base={vllm_moe_hook.ENV: "w4"})  # a stray variable from the caller
+    assert vllm_moe_hook.ENV not in env and vllm_moe_hook.hook_path() not in env["PYTHONPATH"]
+
+
+def test_a_hook_that_did_not_take_over_fails_the_case():
+    from moebench.decode.procs import EngineError
+    from moebench.decode.runner import check_choices
+
+    case = DecodeCase(_scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4"), "vllm")
+    assert check_choices(case, {"moe": ["Marlin (WNA16 MoE)", "moebench_w4 (WNA16 MoE)"]}) == ""
+    with pytest.raises(EngineError, match="pins 'moebench_w4' but the engine used Marlin"):
+        check_choices(case, {"moe": ["Marlin (WNA16 MoE)"], "lines": []})

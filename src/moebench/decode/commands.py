@@ -39,8 +39,15 @@ def engine_env(case: DecodeCase, base: dict[str, str] | None = None) -> dict[str
     for k, v in defaults.items():
         env.setdefault(k, v)
     env.update(dict(case.scenario.env))
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join([src] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != src])
+    front = [str(Path(__file__).resolve().parents[2])]
+    from moebench.decode import vllm_moe_hook  # light: the vLLM side loads only inside the engine
+
+    env.pop(vllm_moe_hook.ENV, None)  # a stray variable must not swap the kernel of a Marlin case
+    if case.scenario.moe_hook:
+        env[vllm_moe_hook.ENV] = "w4"
+        front.append(vllm_moe_hook.hook_path())  # its .dist-info makes vLLM load the hook
+    env["PYTHONPATH"] = os.pathsep.join(front + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                                                 if p and p not in front])
     env.setdefault("PYTHONUNBUFFERED", "1")  # log lines reach the file as they happen
     return env
 

@@ -292,7 +292,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         # group: the key without its MoE token, so cases that differ only in the kernel sit side by side
         # (`moebench backends`, pytest-benchmark's tables)
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
-                        group=case.key.replace(f"-moe_{s.moe_backend}-", "-"), explain=explain, recorded=engine_used)
+                        group=case.key.replace(f"-{s.moe_token}-", "-"), explain=explain, recorded=engine_used)
     except EngineError as e:
         failure = e
     if failure is not None:  # outside the except block: the report shows this message, not a chain

@@ -29,8 +29,13 @@ MOE_MARKERS = {
     ("vllm", "triton"): "vllm_triton",
     ("vllm", "marlin"): "vllm_marlin",
     ("vllm", "flashinfer_cutlass"): "flashinfer_cutlass",
+    ("vllm", "moebench_w4"): "triton",  # moebench's own Triton kernel, through the engine hook
     ("sglang", "flashinfer_cutlass"): "flashinfer_cutlass",
 }
+
+
+# engine hooks a scenario may name in moe_hook (vllm_moe_hook.py)
+MOE_HOOKS = ("moebench_w4",)
 
 
 class ScenarioError(ValueError):
@@ -78,6 +83,7 @@ class Scenario:
     rel_tol_ms_per_token: float = 0.10
     rel_tol_ttft: float = 0.20
     expect_moe: str = ""
+    moe_hook: str = ""  # "moebench_w4": vLLM runs our rows-4 int4 kernel in place of Marlin (vllm_moe_hook.py)
     profile_steps: int = 0
     gate_categories: tuple[str, ...] = ()
     rel_tol_category: float = 0.05
@@ -103,6 +109,11 @@ class Scenario:
     def moe_kernel(self) -> str:
         """The MoE kernel the case runs: the one the engine must report, else the pin."""
         return self.expect_moe.lower() or self.moe_backend
+
+    @property
+    def moe_token(self) -> str:
+        """The MoE part of case keys: the engine hook where one replaces the kernel, else the pin."""
+        return f"moe_{self.moe_hook or self.moe_backend}"
 
     @property
     def model_tag(self) -> str:
@@ -158,7 +169,7 @@ class DecodeCase:
         # the weights' precision as the engine runs them: the flag, else what the config declares, else dtype
         precision = (s.quantization or models.quant_label(s.model_dir)
                      or {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[s.dtype])
-        parts = [s.model_tag, engine, f"tp{s.tp}", precision, f"moe_{s.moe_backend}",
+        parts = [s.model_tag, engine, f"tp{s.tp}", precision, s.moe_token,
                  f"attn_{s.attention_backend.lower()}", "graph" if s.cuda_graphs else "eager",
                  f"p{s.prompt_tokens}", f"o{s.output_tokens}"]
         if s.device == "cpu":
@@ -210,6 +221,8 @@ class DecodeCase:
             # what the gated breakdown categories mean (only where they are measured and gated)
             **({"breakdown_map": MAP_VERSION} if s.gate_categories and self.engine_kind == "vllm" else {}),
             "server_args": list(s.server_args), "engine_kwargs": dict(s.engine_kwargs), "env": dict(s.env),
+            # only where set, so the definitions (and stored entries) of hook-less cases stay as they were
+            **({"moe_hook": s.moe_hook} if s.moe_hook else {}),
         }
 
 
@@ -258,7 +271,7 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
     engines = raw["engine"] if isinstance(raw["engine"], list) else [raw["engine"]]
     _want(bool(engines), f"{w}: engine", "must name at least one engine")
     kw: dict[str, Any] = {"name": raw["name"], "engines": tuple(_check_engine(e, f"{w}: engine") for e in engines)}
-    for f in ("model", "moe_backend", "model_label", "quantization", "attention_backend", "expect_moe", "note"):
+    for f in ("model", "moe_backend", "model_label", "quantization", "attention_backend", "expect_moe", "moe_hook", "note"):
         if f in raw:
             _want(isinstance(raw[f], str) and (f in ("model_label", "quantization", "note") or raw[f]),
                   f"{w}: {f}", f"must be a non-empty string, got {raw[f]!r}")
@@ -313,6 +326,12 @@ def check_scenario(s: Scenario, where: str) -> Scenario:
     _want(not s.gate_categories or s.profile_steps >= 4, f"{where}: gate_categories",
           "gating breakdown categories needs a profiled trial (profile_steps >= 4)")
     _want(s.gpu_memory_fraction <= 1.0, f"{where}: gpu_memory_utilization", "must be at most 1")
+    if s.moe_hook:
+        _want(s.moe_hook in MOE_HOOKS, f"{where}: moe_hook", f"must be one of {', '.join(MOE_HOOKS)}, got {s.moe_hook!r}")
+        _want(all(e in ("vllm", "vllm-server") for e in s.engines), f"{where}: moe_hook",
+              "is a vLLM plugin: the scenario's engines must be vllm or vllm-server")
+        _want(s.expect_moe.lower() == s.moe_hook, f"{where}: expect_moe",
+              f"must be {s.moe_hook!r} with moe_hook = {s.moe_hook!r}: the engine's log has to confirm the hook took over")
     if s.device == "cpu":
         _want(s.tp == 1, f"{where}: tp", "a CPU scenario runs on one rank (tp = 1)")
     if s.weights == "dummy" and s.model_dir is None:

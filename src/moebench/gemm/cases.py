@@ -94,7 +94,8 @@ def is_default(c: GemmCase) -> bool:
     if c.dtype == "bf16":
         return c.model == "deepseek-v3" and c.m in (1, 2, 4, 8, 16, 128) or c.model == "glm-5" and c.m in (1, 16, 128)
     if c.dtype == "int4-g32":
-        return c.model == "kimi-k2.5" and c.m in (1, 4, 16, 128)
+        # every decode M on the two 7168-wide shapes: where our rows-4 int4 kernel meets Marlin
+        return c.model == "kimi-k2.5" and c.m in (1, 2, 4, 8, 16, 128) or c.model == "deepseek-v3" and c.m <= 16
     if c.dtype == "fp8-block128":
         return c.model == "deepseek-v3" and c.m in (1, 4, 16, 128)
     if c.dtype == "nvfp4":

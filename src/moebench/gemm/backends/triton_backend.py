@@ -24,12 +24,34 @@ def _triton_weight(wl, which: str):
     return cache[key]
 
 
+def build_w4(case: GemmCase, wl, config=None) -> Built:
+    """int4 g32 fused MoE at decode M: the rows-4 kernel (triton_moe/w4.py), weights repacked once.
+    config: (up, down) KernelConfigs (default: w4.w4_config, the table the tuner writes)."""
+    from moebench.gemm.triton_moe import w4
+
+    key = ("triton-w4", case.dtype)
+    cache = wl.weights.quantized
+    if key not in cache:
+        cache[key] = tuple(w4.pack_rows4(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
+    w1, w2 = cache[key]
+    up, down = config or w4.w4_config(wl.M, wl.K, wl.I, wl.E, wl.topk)
+    calls = [lambda x=x, ids=ids, w=w: w4.fused_moe_w4(x, w1, w2, w, ids, config=(up, down))
+             for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+    cfg = {"path": "w4_gemv", "up": up.__dict__, "down": down.__dict__}
+    return Built(calls, [], {"impl": "moebench.gemm.triton_moe.w4", "op": case.op, "config": cfg})
+
+
 def build(case: GemmCase, wl, config=None) -> Built:
     """The R calls of the case on the workload. config: a triton_moe.MoEConfig every call uses (the config
     sweep's candidates); None: each call takes config_for's choice, as a user's call would."""
     from moebench.gemm import triton_moe
+    from moebench.gemm.triton_moe.config import GEMV_MAX_M
 
     op = case.op
+    # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the rows-4 kernel has its
+    # own table and tuner (w4_tune.py), so it runs only when no config is forced.
+    if config is None and op == "fused" and case.dtype == "int4-g32" and wl.M <= GEMV_MAX_M:
+        return build_w4(case, wl)
     names = {"fused": ("w1", "w2"), "expert": ("w1_gate",), "gemm1": ("w1",), "gemm2": ("w2",)}[op]
     if case.dtype == "bf16":
         bf = {"w1": wl.weights.w1, "w2": wl.weights.w2, "w1_gate": wl.weights.w1[:, : wl.I].contiguous()}
@@ -49,16 +71,23 @@ def build(case: GemmCase, wl, config=None) -> Built:
             gop = "gemm2" if op == "gemm2" else "gemm1"
             calls.append(lambda x=x, ids=ids, gop=gop: triton_moe.grouped_gemm(x, data[0], ids, op=gop, quant=quant,
                                                                                config=config))
-    # The config the calls will pick (same inputs to config_for as api.py uses): recorded, not chosen here.
-    if config is not None:
-        cfg = config
-    elif op == "fused":
-        cfg = triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
-                                    pdl=triton_moe.pdl_capable(wl.x[0].device))
-    else:
-        n, k = (wl.K, wl.I) if op == "gemm2" else (data[0].shape[1], wl.K)
-        cfg = triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if op == "gemm2" else "gemm1")
+    cfg = config or default_config(case, wl)
     return Built(calls, [], {"impl": "moebench.gemm.triton_moe", "op": op, "config": cfg.as_dict()})
+
+
+def default_config(case: GemmCase, wl):
+    """The MoEConfig the gemv / grouped path's calls pick when none is forced: config_for with the inputs
+    api.py gives it (recorded, not chosen here; the config sweep's starting point)."""
+    from moebench.gemm import triton_moe
+
+    quant = None
+    if case.dtype != "bf16":  # config_for reads the format (kind, group), not the scales
+        quant = triton_moe.Quant.for_dtype(case.dtype, (None,), (None,) if case.dtype == "nvfp4" else ())
+    if case.op == "fused":
+        return triton_moe.config_for(wl.M, wl.K, wl.I, wl.E, wl.topk, quant, op="fused",
+                                     pdl=triton_moe.pdl_capable(wl.x[0].device))
+    n, k = {"gemm2": (wl.K, wl.I), "gemm1": (2 * wl.I, wl.K), "expert": (wl.I, wl.K)}[case.op]
+    return triton_moe.config_for(wl.M, k, n, wl.E, wl.topk, quant, op="gemm2" if case.op == "gemm2" else "gemm1")
 
 
 triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), frozenset(

@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import act_quant, gemv, grouped
+from . import act_quant, gemv, grouped, w4_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real
@@ -76,6 +76,14 @@ def specs() -> list[Spec]:
         out.append(Spec(f"grouped_down_{name}", grouped.moe_grouped_kernel, gptrs, dict(
             K=256, UP_ROWS=0, A_DIV=1, WEIGHTED=True, **w, BLOCK_M=16, BLOCK_N=64, BLOCK_K=gbk),
             num_stages=3))
+    # the rows-4 int4 decode kernel (w4_kernel.py), its inline-PTX path as the GPU runs it
+    w4 = dict(a_ptr="*i32", w_ptr="*i32", s_ptr="*i32", ids_ptr="*i32", tw_ptr="*fp32", out_ptr="*bf16")
+    out.append(Spec("w4_up", w4_kernel.moebench_w4_gemv, w4, dict(
+        K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, BLOCK_N=4, BLOCK_K=1024,
+        PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True)))
+    out.append(Spec("w4_down", w4_kernel.moebench_w4_gemv, w4, dict(
+        K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, BLOCK_N=8, BLOCK_K=256,
+        PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), opts=dict(launch_pdl=True)))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):

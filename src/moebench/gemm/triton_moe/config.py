@@ -70,6 +70,11 @@ def _load_table() -> dict:
 _TABLE = _load_table()
 
 
+def table_entry(key: str) -> dict | None:
+    """The configs.json entry under `key`, or None (other kernels' tables share the file: w4.py)."""
+    return _TABLE.get(key)
+
+
 def config_for(M: int, K: int, N: int, E: int, topk: int, quant=None, *, op: str = "fused",
                pdl: bool = False) -> MoEConfig:
     """Configuration for one call.

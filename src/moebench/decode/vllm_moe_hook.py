@@ -1,0 +1,149 @@
+"""A vLLM general plugin that runs moebench's rows-4 int4 kernel in place of Marlin for compressed-tensors
+W4A16 (group 32, symmetric) experts, so a decode scenario measures our kernel inside the engine's step.
+
+It is an entry point (group `vllm.general_plugins`), not an edit of vLLM: `hook_path()` writes a
+.dist-info folder declaring it, and a scenario with `moe_hook = "moebench_w4"` puts that folder on the
+engine's PYTHONPATH with MOEBENCH_VLLM_MOE=w4 (decode/commands.py). vLLM calls `register()` in each of
+its processes; without the variable it does nothing.
+
+What it changes, per MoE layer whose method is vLLM's CompressedTensorsWNA16MarlinMoEMethod:
+  * process_weights_after_loading: the engine's own loaded weights (int32 [E, K/8, N] + scales) are
+    repacked once into the rows-4 layout, then vLLM's Marlin repack runs as usual. The first such
+    layer keeps its Marlin weights for the check below; every other layer's Marlin copy is freed, so
+    the engine holds one copy of the experts, as with Marlin alone.
+  * apply: our fused MoE (w4.fused_moe_w4). On the first forward outside CUDA-graph capture (vLLM's
+    profiling run, before any trial), the first layer also runs Marlin on the same input and the two
+    outputs are compared; a relative error >= CHECK_BOUND raises, which fails the engine's start and
+    the case. Then that layer's Marlin weights are freed too.
+Layers the kernel does not cover (act order, another group size or bit width, expert parallelism, a
+non-SiLU activation) keep Marlin and say so in the log.
+
+The log line "Using moebench_w4 backend for WNA16 MoE" is what the decode case's engine check reads
+(engine_log.py): a scenario expecting moebench_w4 fails if the hook did not take over.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+ENV = "MOEBENCH_VLLM_MOE"
+HOOK_NAME = "moebench_w4"
+CHECK_BOUND = 2e-2  # two bf16 kernels with different summation orders read ~1e-3 apart; garbage reads ~1
+_DIST = "moebench_vllm_hook-0.1.dist-info"
+
+
+def hook_path() -> str:
+    """A folder holding the .dist-info that declares `register` as a vLLM general plugin (made once per
+    user; returned for the engine's PYTHONPATH)."""
+    from moebench.files import atomic_write_text
+
+    root = Path(tempfile.gettempdir()) / f"moebench-vllm-hook-{os.getuid()}"
+    dist = root / _DIST
+    entry = f"[vllm.general_plugins]\n{HOOK_NAME} = {__name__}:register\n"
+    if not (dist / "entry_points.txt").is_file() or (dist / "entry_points.txt").read_text() != entry:
+        dist.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(dist / "METADATA", "Metadata-Version: 2.1\nName: moebench-vllm-hook\nVersion: 0.1\n")
+        atomic_write_text(dist / "entry_points.txt", entry)
+    return str(root)
+
+
+def _say(msg: str) -> None:
+    print(f"moebench vllm hook: {msg}", file=sys.stderr, flush=True)
+
+
+def unsupported(method, layer) -> str:
+    """Why this layer keeps Marlin ("" when the rows-4 kernel covers it)."""
+    if method.num_bits != 4 or method.group_size != 32:
+        return f"{method.num_bits}-bit group {method.group_size} (the kernel is int4 group 32)"
+    if method.actorder == "group":
+        return "act-order (g_idx) weights"
+    if getattr(method, "kernel_backend", "Marlin") != "Marlin" or getattr(method, "marlin_input_dtype", None) is not None:
+        return f"backend {method.kernel_backend} / input dtype {method.marlin_input_dtype}"
+    if getattr(layer, "expert_map", None) is not None or getattr(layer, "apply_router_weight_on_input", False):
+        return "expert parallelism or router weights applied on the input"
+    act = str(getattr(layer, "activation", "silu")).lower()
+    if "silu" not in act:
+        return f"activation {act}"
+    return ""
+
+
+def _free(param) -> None:
+    import torch
+
+    param.data = torch.empty(0, dtype=param.dtype, device=param.device)
+
+
+def _free_marlin(layer) -> None:
+    for name in ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"):
+        _free(getattr(layer, name))
+
+
+def install(method_cls) -> None:
+    """Patch `method_cls` (vLLM's CompressedTensorsWNA16MarlinMoEMethod or a stand-in with its
+    interface) in place. Idempotent."""
+    if getattr(method_cls, "_moebench_w4", False):
+        return
+    import torch
+
+    from moebench.gemm.triton_moe.w4 import from_compressed_tensors, fused_moe_w4
+
+    orig_process, orig_apply = method_cls.process_weights_after_loading, method_cls.apply
+    state = {"check_layer": None, "announced": False}
+
+    def process_weights_after_loading(self, layer) -> None:
+        why = unsupported(self, layer)
+        if why:
+            _say(f"{getattr(layer, 'layer_name', 'a layer')} keeps Marlin: {why}")
+            return orig_process(self, layer)
+        w1 = from_compressed_tensors(layer.w13_weight_packed.data, layer.w13_weight_scale.data)
+        w2 = from_compressed_tensors(layer.w2_weight_packed.data, layer.w2_weight_scale.data)
+        orig_process(self, layer)
+        layer._moebench_w4 = (w1, w2)
+        if state["check_layer"] is None:
+            state["check_layer"] = id(layer)  # keeps Marlin's weights until its first forward
+            layer._moebench_check = True
+        else:
+            _free_marlin(layer)
+        if not state["announced"]:
+            state["announced"] = True
+            # the engine check reads this line (engine_log.py): "Using X backend for WNA16 MoE"
+            _say(f"Using {HOOK_NAME} backend for WNA16 MoE (moebench rows-4 int4 Triton kernel in place of Marlin)")
+
+    pdl = [None]
+
+    def apply(self, layer, x, topk_weights, topk_ids, shared_experts_input=None, **kw):
+        w = getattr(layer, "_moebench_w4", None)
+        if w is None:
+            return orig_apply(self, layer, x, topk_weights, topk_ids, shared_experts_input, **kw)
+        if pdl[0] is None:
+            pdl[0] = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
+        out = fused_moe_w4(x, w[0], w[1], topk_weights, topk_ids, pdl=pdl[0])
+        capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a graph
+        if getattr(layer, "_moebench_check", False) and not capturing:
+            ref = orig_apply(self, layer, x.clone(), topk_weights, topk_ids, shared_experts_input, **kw)
+            err = ((out.float() - ref.float()).norm() / ref.float().norm().clamp_min(1e-30)).item()
+            layer._moebench_check = False
+            _free_marlin(layer)
+            where = f"{getattr(layer, 'layer_name', 'first MoE layer')}, M={x.shape[0]}"
+            if not err < CHECK_BOUND:  # NaN fails too
+                raise RuntimeError(f"moebench_w4 differs from Marlin on the first forward ({where}): relative "
+                                   f"error {err:.3e} >= {CHECK_BOUND:.0e}")
+            _say(f"first forward checked against Marlin ({where}): relative error {err:.2e}")
+        return out
+
+    method_cls.process_weights_after_loading = process_weights_after_loading
+    method_cls.apply = apply
+    method_cls._moebench_w4 = True
+
+
+def register() -> None:
+    """vLLM calls this in each of its processes (general plugin); active only with MOEBENCH_VLLM_MOE=w4."""
+    if os.environ.get(ENV, "") != "w4":
+        return
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16_marlin as marlin_moe)
+
+    install(marlin_moe.CompressedTensorsWNA16MarlinMoEMethod)

@@ -1,0 +1,147 @@
+"""The vLLM engine hook (decode/vllm_moe_hook.py) on a stand-in for vLLM's compressed-tensors W4A16 Marlin
+MoE method, with the rows-4 kernel run by Triton's interpreter: repack from the engine's own tensors,
+route apply() to our kernel, check against the engine's kernel on the first forward (and fail on a wrong
+answer), free the engine's copy; plus the plugin's entry point and the scenario wiring."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from moebench.decode import vllm_moe_hook  # noqa: E402
+
+E, K, I, TOPK = 8, 64, 32, 2
+
+
+class Layer:
+    pass
+
+
+def _method_class(wrong: bool):
+    """A stand-in with the interface the hook patches. Its 'Marlin' repack stashes the dequantized
+    weights; its apply is the float32 reference on them (zeros when `wrong`)."""
+    from moebench.gemm.triton_moe.reference import fused_moe_ref
+
+    class FakeMarlinMethod:
+        num_bits, group_size, actorder, kernel_backend, marlin_input_dtype = 4, 32, None, "Marlin", None
+
+        def process_weights_after_loading(self, layer):
+            layer.ref = tuple(_dequant(getattr(layer, f"{n}_weight_packed").data, getattr(layer, f"{n}_weight_scale").data)
+                              for n in ("w13", "w2"))
+            for n in ("w13_weight_packed", "w2_weight_packed"):  # Marlin's own layout replaces the loaded one
+                setattr(layer, n, torch.nn.Parameter(getattr(layer, n).data.flip(1).clone(), requires_grad=False))
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts_input=None):
+            out = fused_moe_ref(x, layer.ref[0], layer.ref[1], topk_weights, topk_ids).to(x.dtype)
+            return out * 0 if wrong else out
+
+    return FakeMarlinMethod
+
+
+def _dequant(packed, scale):
+    """compressed-tensors int32 [E, K/8, N] (nibble j = k 8w + j, stored q + 8) + scales [E, K/32, N] -> [E, N, K]."""
+    q = torch.stack([(packed >> (4 * j)) & 15 for j in range(8)], dim=2)  # [E, K/8, 8, N]
+    w = (q.reshape(packed.shape[0], -1, packed.shape[2]).float() - 8) * scale.float().repeat_interleave(32, dim=1)
+    return w.transpose(1, 2).contiguous()
+
+
+def _layer(seed):
+    g = torch.Generator().manual_seed(seed)
+    layer = Layer()
+    for n, (rows, cols) in {"w13": (2 * I, K), "w2": (K, I)}.items():
+        packed = torch.randint(-2**31, 2**31 - 1, (E, cols // 8, rows), generator=g, dtype=torch.int64).to(torch.int32)
+        scale = (torch.rand(E, cols // 32, rows, generator=g) * 0.02 + 0.005).bfloat16()
+        setattr(layer, f"{n}_weight_packed", torch.nn.Parameter(packed, requires_grad=False))
+        setattr(layer, f"{n}_weight_scale", torch.nn.Parameter(scale, requires_grad=False))
+    return layer
+
+
+def _run_hook(wrong: bool):
+    """In the interpreter worker: install on a stand-in, load two layers, run both on one batch."""
+    cls = _method_class(wrong)
+    vllm_moe_hook.install(cls)
+    method, layers = cls(), [_layer(1), _layer(2)]
+    for layer in layers:
+        method.process_weights_after_loading(layer)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(3, K, generator=g).bfloat16()
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOPK] for _ in range(3)]).int()
+    tw = torch.softmax(torch.randn(3, TOPK, generator=g), -1)
+    try:
+        outs = [method.apply(layer=layer, x=x, topk_weights=tw, topk_ids=ids, shared_experts_input=None) for layer in layers]
+    except RuntimeError as e:
+        return {"error": str(e)}
+    errs = [((o.float() - layer.ref_out).norm() / layer.ref_out.norm()).item()
+            for o, layer in zip(outs, [_with_ref(layer, x, tw, ids) for layer in layers])]
+    return {"errs": errs, "freed": [layer.w13_weight_packed.numel() == 0 for layer in layers],
+            "checked": [getattr(layer, "_moebench_check", None) for layer in layers]}
+
+
+def _with_ref(layer, x, tw, ids):
+    from moebench.gemm.triton_moe.reference import fused_moe_ref
+
+    layer.ref_out = fused_moe_ref(x, layer.ref[0], layer.ref[1], tw, ids)
+    return layer
+
+
+@pytest.fixture(scope="module")
+def interp():
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        pool.submit(int, 0).result(timeout=120)
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    yield lambda fn, *a: pool.submit(fn, *a).result(timeout=300)
+    pool.shutdown()
+
+
+def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_forward(interp):
+    r = interp(_run_hook, False)
+    assert "error" not in r, r
+    assert max(r["errs"]) < 1e-2, r          # our kernel on the repacked engine tensors: the right answer
+    assert r["freed"] == [True, True], r      # the engine's copy is gone once checked (first) / at load (rest)
+    assert r["checked"] == [False, None], r   # the first layer was checked, once
+
+
+def test_a_kernel_that_disagrees_with_the_engine_fails_the_first_forward(interp):
+    r = interp(_run_hook, True)
+    assert "differs from Marlin on the first forward" in r.get("error", ""), r
+
+
+def test_layers_the_kernel_does_not_cover_keep_the_engine_kernel():
+    m = type("M", (), dict(num_bits=4, group_size=128, actorder=None, kernel_backend="Marlin", marlin_input_dtype=None))()
+    assert "group 128" in vllm_moe_hook.unsupported(m, Layer())
+    m.group_size, m.actorder = 32, "group"
+    assert "act-order" in vllm_moe_hook.unsupported(m, Layer())
+    m.actorder = None
+    layer = Layer()
+    layer.activation = "gelu"
+    assert "gelu" in vllm_moe_hook.unsupported(m, layer)
+    assert vllm_moe_hook.unsupported(m, Layer()) == ""
+
+
+def test_the_plugin_folder_declares_register_as_a_vllm_general_plugin():
+    path = vllm_moe_hook.hook_path()
+    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
+    found = [ep for d in importlib.metadata.distributions(path=[path]) for ep in d.entry_points
+             if ep.group == "vllm.general_plugins"]
+    assert [ep.value for ep in found] == ["moebench.decode.vllm_moe_hook:register"]
+    assert found[0].load() is vllm_moe_hook.register
+    del eps
+
+
+def test_register_does_nothing_without_the_variable(monkeypatch):
+    monkeypatch.delenv(vllm_moe_hook.ENV, raising=False)
+    vllm_moe_hook.register()  # would import vllm (absent here) if it acted

@@ -1,0 +1,97 @@
+"""The rows-4 int4 decode kernel (triton_moe/w4.py) on CPU: its layout from both sources it is packed
+from, and the kernel (Triton's interpreter, the plain-Triton formula) against the float32 reference."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import moebench.gemm.triton_moe as tm  # noqa: E402
+from moebench.gemm.triton_moe import w4  # noqa: E402
+from moebench.gemm.triton_moe.config import KernelConfig  # noqa: E402
+
+E = 8
+
+
+def _quantized(E, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    data, scale, _ = tm.quantize_weight(torch.randn(E, N, K, generator=g), "int4_w4a16", 32)
+    return data, scale
+
+
+def test_rows4_layout_puts_four_rows_words_of_the_same_k_side_by_side():
+    data, scale = _quantized(2, 8, 64)
+    p = w4.pack_rows4(data, scale)
+    words = data.view(torch.int32)  # [E, N, K/8]: row n's k word kw
+    assert p.words.shape == (2, 2, 8, 4) and (p.E, p.N, p.K) == (2, 8, 64)
+    for n in range(8):
+        assert torch.equal(p.words[:, n // 4, :, n % 4], words[:, n])
+        assert torch.equal(p.scales[:, n // 4, :, n % 4], scale[:, n].bfloat16())
+    # every stride even: the kernel reads the bf16 scales as int32 pairs (a size-1 group axis too)
+    assert all(s % 2 == 0 for s in w4.pack_rows4(*_quantized(1, 4, 32)).scales.stride()[:-1])
+
+
+def test_compressed_tensors_tensors_pack_to_the_same_layout():
+    data, scale = _quantized(2, 8, 64)
+    # vLLM's loaded compressed-tensors tensors for Marlin: int32 [E, K/8, N], scales [E, K/32, N]
+    ct = w4.from_compressed_tensors(data.view(torch.int32).transpose(1, 2).contiguous(),
+                                    scale.transpose(1, 2).contiguous())
+    ref = w4.pack_rows4(data, scale)
+    assert torch.equal(ct.words, ref.words) and torch.equal(ct.scales, ref.scales)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda d, s: (d[:, :6], s[:, :6]), "N % 4 == 0"),
+    (lambda d, s: (d, s[:, :, :1]), "scales must be [E, N, K/32]"),
+    (lambda d, s: (d.to(torch.int32), s), "must be uint8"),
+])
+def test_bad_weights_are_refused_in_one_line(bad, needle):
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]").replace("%", "%")):
+        w4.pack_rows4(*bad(*_quantized(2, 8, 64)))
+
+
+def _fused_err(M, K, I, topk, up, down, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
+    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).int()
+    if M > 1:
+        ids[1, -1] = ids[0, 0]  # two tokens share an expert
+    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
+    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
+    out = w4.fused_moe_w4(x, w4.pack_rows4(d1, q.scales[0]), w4.pack_rows4(d2, q.scales[1]), tw, ids,
+                          config=(KernelConfig(*up), KernelConfig(*down)), pdl=False)
+    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
+    assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def interp():
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        pool.submit(int, 0).result(timeout=120)
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    yield lambda fn, *a: pool.submit(fn, *a).result(timeout=300)
+    pool.shutdown()
+
+
+@pytest.mark.parametrize("M, K, I, topk, up, down", [
+    (1, 64, 32, 2, (4, 64), (4, 32)),
+    (3, 256, 32, 4, (8, 128), (8, 32)),     # K spans two chunks of the up loop
+    (5, 160, 64, 2, (4, 64), (16, 64)),     # K not a multiple of the chunk: the tail is masked
+])
+def test_fused_moe_w4_matches_the_float32_reference(interp, M, K, I, topk, up, down):
+    assert interp(_fused_err, M, K, I, topk, up, down) < 1e-2
