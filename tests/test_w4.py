@@ -90,8 +90,9 @@ def interp():
 
 @pytest.mark.parametrize("M, K, I, topk, up, down", [
     (1, 64, 32, 2, (4, 64), (4, 32)),
-    (3, 256, 32, 4, (8, 128), (8, 32)),     # K spans two chunks of the up loop
-    (5, 160, 64, 2, (4, 64), (16, 64)),     # K not a multiple of the chunk: the tail is masked
+    (3, 256, 32, 4, (8, 128), (8, 32, 4, 1, 16, 2)),    # K spans two chunks of the up loop; 2 down tiles
+    (5, 160, 64, 2, (4, 64), (16, 64)),                 # K not a multiple of the chunk: the tail is masked
+    (2, 64, 32, 2, (4, 64), (4, 32, 4, 1, 16, 3)),      # 3 down tiles of 4 rows: the last program runs past N
 ])
 def test_fused_moe_w4_matches_the_float32_reference(interp, M, K, I, topk, up, down):
     assert interp(_fused_err, M, K, I, topk, up, down) < 1e-2

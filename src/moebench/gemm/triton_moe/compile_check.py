@@ -81,9 +81,9 @@ def specs() -> list[Spec]:
     out.append(Spec("w4_up", w4_kernel.moebench_w4_gemv, w4, dict(
         K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, BLOCK_N=4, BLOCK_K=1024,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True)))
-    out.append(Spec("w4_down", w4_kernel.moebench_w4_gemv, w4, dict(
-        K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, BLOCK_N=8, BLOCK_K=256,
-        PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), opts=dict(launch_pdl=True)))
+    out.append(Spec("w4_down", w4_kernel.moebench_w4_down, w4, dict(
+        K=256, SLOTS=8, SLOTS_P=8, BLOCK_N=8, BLOCK_K=256, N_TILES=4, PDL_WAIT=True, USE_ASM=True),
+        opts=dict(launch_pdl=True)))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):

@@ -27,6 +27,7 @@ class KernelConfig:
     num_warps: int = 4
     num_stages: int = 1
     block_m: int = 16
+    n_tiles: int = 1  # row tiles one program walks, reusing its activations (the rows-4 down kernel)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import torch
 import triton
 
 from .config import KernelConfig, m_bucket, table_entry
-from .w4_kernel import moebench_w4_gemv
+from .w4_kernel import moebench_w4_down, moebench_w4_gemv
 
 GROUP = 32
 
@@ -145,6 +145,24 @@ def fused_moe_w4(x: torch.Tensor, w1: W4Weight, w2: W4Weight, topk_weights: torc
     out = torch.empty((M, K), dtype=x.dtype, device=x.device)
     _launch(x, w1, ids, tw, h, rows=P, N=I, K=K, up_rows=I, slots=1, a_div=topk, weighted=False, kc=up,
             pdl_trigger=pdl)
-    _launch(h, w2, ids, tw, out, rows=M, N=K, K=I, up_rows=0, slots=topk, a_div=1, weighted=True, kc=down,
-            pdl_wait=pdl)
+    _launch_down(h, w2, ids, tw, out, M=M, topk=topk, kc=down, pdl_wait=pdl)
     return out
+
+
+def _launch_down(h, w: W4Weight, ids, tw, out, *, M, topk, kc: KernelConfig, pdl_wait: bool):
+    """The down projection + top-k sum: moebench_w4_down (activation read once per program, n_tiles
+    row tiles each) where I fits one chunk, else the general kernel."""
+    if w.K > kc.block_k or kc.block_k > 512:
+        return _launch(h, w, ids, tw, out, rows=M, N=w.N, K=w.K, up_rows=0, slots=topk, a_div=1, weighted=True,
+                       kc=kc, pdl_wait=pdl_wait)
+    if kc.block_n % 4 or kc.n_tiles < 1:
+        raise ValueError(f"rows-4 down tiles need block_n % 4 == 0 and n_tiles >= 1, got {kc}")
+    hv = h.view(torch.int32)
+    grid = (M, triton.cdiv(w.N, kc.block_n * kc.n_tiles))
+    moebench_w4_down[grid](
+        hv, w.words, w.scales.view(torch.int32), ids, tw, out,
+        w.N, hv.stride(0), w.words.stride(0), w.words.stride(1), w.scales.stride(0) // 2, w.scales.stride(1) // 2,
+        out.stride(0),
+        K=w.K, SLOTS=topk, SLOTS_P=triton.next_power_of_2(topk), BLOCK_N=kc.block_n, BLOCK_K=kc.block_k,
+        N_TILES=kc.n_tiles,
+        PDL_WAIT=pdl_wait, USE_ASM=use_asm(h.device), num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)

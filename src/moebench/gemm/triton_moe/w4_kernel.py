@@ -232,3 +232,54 @@ def moebench_w4_gemv(
     out = tl.sum(y, axis=0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     tl.store(out_ptr + pid_r * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+
+
+@triton.jit
+def moebench_w4_down(
+    a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr,
+    N, stride_am, stride_we, stride_wn4, stride_se, stride_sn4, stride_om,
+    K: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    N_TILES: tl.constexpr, PDL_WAIT: tl.constexpr, USE_ASM: tl.constexpr,
+):
+    """The down projection with the top-k weighted sum: out[m, n] = sum_s tw[p] (a[p] . w[ids[p], n]),
+    p = m * SLOTS + s, K (the intermediate size) in one chunk of BLOCK_K >= K. Grid: (M, cdiv(N, BLOCK_N * N_TILES)).
+
+    Why not moebench_w4_gemv: there every program re-reads its token's whole activation (all top-k
+    slots, 4 KB at I = 256) from L1 to produce BLOCK_N outputs, so the activation traffic equals the
+    weight traffic; Nsight Compute read the kernel as L1-bound (memory pipes 90% busy, DRAM 22%, warps
+    waiting on L1TEX) at Kimi-K2.5 M = 16. Here a program loads the activation once and walks N_TILES
+    row tiles with it, prefetching the next tile's weights while it reduces the current one.
+    """
+    pid_r = tl.program_id(0)
+    pid_t = tl.program_id(1)
+    BN4: tl.constexpr = BLOCK_N // 4
+    KW: tl.constexpr = K // 8
+    BKW: tl.constexpr = BLOCK_K // 8
+    slot = tl.arange(0, SLOTS_P)
+    mask_s = slot < SLOTS
+    pair = pid_r * SLOTS + slot
+    e = tl.load(ids_ptr + pair, mask=mask_s, other=0).to(tl.int64)
+    q4 = tl.arange(0, BN4)
+    wbase = e[:, None, None, None] * stride_we
+    sbase = e[:, None, None, None] * stride_se
+    n4 = pid_t * (N_TILES * BN4) + q4
+    mask_r = mask_s[:, None, None, None] & (n4 < N // 4)[None, :, None, None]
+    w, s = _load_quad(w_ptr, s_ptr, wbase + n4[None, :, None, None].to(tl.int64) * stride_wn4,
+                      sbase + n4[None, :, None, None].to(tl.int64) * stride_sn4, 0, mask_r, KW, BKW)
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
+    a = _load_act(a_ptr, pair.to(tl.int64)[:, None, None, None] * stride_am, 0, mask_s[:, None, None, None], KW, BN4, BKW)
+    tw = tl.load(tw_ptr + pair, mask=mask_s, other=0).to(tl.float32)
+    z = tl.zeros([SLOTS_P, BN4, BKW], dtype=tl.float32)
+    for t in range(N_TILES):
+        # the next tile's weights are in flight while this one is reduced (masked off past the last)
+        n4n = n4 + BN4
+        mask_n = mask_s[:, None, None, None] & (n4n < N // 4)[None, :, None, None] & (t + 1 < N_TILES)
+        w_next, s_next = _load_quad(w_ptr, s_ptr, wbase + n4n[None, :, None, None].to(tl.int64) * stride_wn4,
+                                    sbase + n4n[None, :, None, None].to(tl.int64) * stride_sn4, 0, mask_n, KW, BKW)
+        c0, c1, c2, c3 = _step(w, s, a, z, z, z, z, USE_ASM)
+        y = _join4(tl.sum(c0, axis=2), tl.sum(c1, axis=2), tl.sum(c2, axis=2), tl.sum(c3, axis=2))
+        out = tl.sum(y * tw[:, None], axis=0)
+        offs_n = (pid_t * N_TILES + t) * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(out_ptr + pid_r * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+        n4, w, s = n4n, w_next, s_next
