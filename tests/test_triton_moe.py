@@ -331,7 +331,7 @@ def test_compiles_for_sm90(name):
         pytest.skip(f"no ptxas: {exc}")
     assert r["spill"] == 0
     assert r["loads"].get("ld.global.v4.b32", 0) > 0
-    if "bf16" in name or name == "w4_down":
+    if "bf16" in name:  # (w4_down's loop is over row tiles: its one conversion is the per-tile epilogue's)
         assert r["loop_smem"] == 0
 
 
