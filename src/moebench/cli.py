@@ -21,13 +21,14 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from moebench.baselines.compare import Verdict, display_rank
+from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
-from moebench.runs import MISSING, RunsError, backend_matrix, compare_runs, fmt_value, load_run, load_runs
+from moebench.runs import RunsError, backend_matrix, compare_runs, fmt_value, load_run, load_runs
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-VERDICT_NAMES = [v.value for v in Verdict] + [MISSING]
+# What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
+VERDICT_NAMES = [v.value for v in Verdict] + [Outcome.MISSING.value]
 
 
 class CliError(Exception):
@@ -114,7 +115,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for d in deltas:
         c = d.comparison
         note = c.reason if c and c.verdict is not Verdict.PASS else ""
-        if d.verdict == MISSING:
+        if d.verdict == Outcome.MISSING:
             note = "in the reference run only"
         elif c is None:
             note = "no gated metric: not compared"
@@ -166,7 +167,7 @@ def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
         for b, c in row.items():
             parts[g, b] = [_num(c.value, c.unit), f"{c.speedup:.2f}x" if c.speedup is not None else "-",
                            f"{c.pct_of_floor:.0f}%" if c.pct_of_floor is not None else "",
-                           c.verdict if c.verdict not in ("PASS", "NEW") else ""]
+                           c.verdict if c.verdict not in (Verdict.PASS, Verdict.NEW) else ""]
     widths = {b: [max((len(v[i]) for (g, bb), v in parts.items() if bb == b), default=0) for i in range(4)]
               for b in backends}
     rows = []
@@ -260,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json; .json.gz too)")
     c.add_argument("b", metavar="CANDIDATE.json", help="results file of the run under test")
     c.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
-    c.add_argument("--fail-on", nargs="+", default=["REGRESSION"], choices=VERDICT_NAMES, metavar="VERDICT",
+    c.add_argument("--fail-on", nargs="+", default=[Verdict.REGRESSION.value], choices=VERDICT_NAMES, metavar="VERDICT",
                    help=f"verdicts that make the exit code 1 (default: REGRESSION; choices: {', '.join(VERDICT_NAMES)})")
     c.add_argument("--ignore-hardware", action="store_true",
                    help="compare runs of different hardware keys (otherwise ENV_MISMATCH, not compared)")

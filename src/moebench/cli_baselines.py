@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import load_file
 from moebench.baselines.update import merge_files
@@ -157,7 +158,7 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
         updates.append((hw, fam, fp, chosen))
         notes[hw, fam] = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
                           for k, e in sorted(entries.items())
-                          if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
+                          if keep(k) and e.get("_verdict") not in (None, Verdict.PASS, Verdict.NEW, Verdict.STALE)]
         sizes[hw, fam] = (len(chosen), note)
     verb = "would promote" if args.dry_run else "promoted"
     for m in merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run):

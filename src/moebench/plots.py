@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from moebench.baselines.compare import display_rank
+from moebench.baselines.compare import Outcome, display_rank
 from moebench.baselines.store import BaselineSet
 from moebench.files import atomic_write_text
 from moebench.report import breakdowns_markdown, breakdowns_text
@@ -25,9 +25,9 @@ from moebench.runs import Run, fmt_value, latest_runs
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
 VERDICT_COLOURS = {
-    "PASS": "#2ca02c", "IMPROVEMENT": "#1f77b4", "REGRESSION": "#d62728", "AMBIGUOUS": "#ff7f0e",
-    "NEW": "#7f7f7f", "STALE": "#9467bd", "ENV_MISMATCH": "#8c564b", "FAIL": "#d62728", "ERROR": "#d62728",
-    "SKIP": "#bbbbbb", "MISSING": "#bbbbbb",
+    Outcome.PASS: "#2ca02c", Outcome.IMPROVEMENT: "#1f77b4", Outcome.REGRESSION: "#d62728",
+    Outcome.AMBIGUOUS: "#ff7f0e", Outcome.NEW: "#7f7f7f", Outcome.STALE: "#9467bd", Outcome.ENV_MISMATCH: "#8c564b",
+    Outcome.FAIL: "#d62728", Outcome.ERROR: "#d62728", Outcome.SKIP: "#bbbbbb", Outcome.MISSING: "#bbbbbb",
 }
 
 
@@ -211,7 +211,7 @@ def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
     for t in case_trends:
         p = t.latest
         delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
-        verdict = p.verdict if t.in_latest else "MISSING"
+        verdict = p.verdict if t.in_latest else Outcome.MISSING.value
         note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))

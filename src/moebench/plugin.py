@@ -16,7 +16,7 @@ import pytest
 
 from moebench import compat, hardware, interrupts, report
 from moebench.benchmark_tables import hide_benchmark_tables
-from moebench.baselines.compare import Verdict
+from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.metrics import Metric
@@ -300,11 +300,11 @@ class _TestOutcomes:
         if report.skipped and report.when in ("setup", "call"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             if not any(r.nodeid == report.nodeid for r in state.rows):
-                state.add_row(Row(report.nodeid, "", "SKIP", note=reason.removeprefix("Skipped: ")))
+                state.add_row(Row(report.nodeid, "", Outcome.SKIP.value, note=reason.removeprefix("Skipped: ")))
         elif report.failed and not (report.when == "call" and self._gate_failed(report.nodeid)):
             # As pytest counts them: a failure in the test itself is FAIL, one in its setup or teardown
             # (a fixture, the environment) is ERROR.
-            state.add_row(Row(report.nodeid, "", "FAIL" if report.when == "call" else "ERROR",
+            state.add_row(Row(report.nodeid, "", (Outcome.FAIL if report.when == "call" else Outcome.ERROR).value,
                               note=failure_note(report)))
 
     def _gate_failed(self, nodeid: str) -> bool:

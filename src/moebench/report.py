@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from moebench.baselines.compare import display_rank
+from moebench.baselines.compare import Outcome, display_rank
 from moebench.files import atomic_write_text
 from moebench.session import Row
 
@@ -58,12 +58,12 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
     out: list[Row] = []
     skips: dict[str, list[Row]] = {}
     for r in sorted_rows(rows):
-        if r.verdict == "SKIP":
+        if r.verdict == Outcome.SKIP:
             skips.setdefault(r.note, []).append(r)
         else:
             out.append(r)
     for note, group in skips.items():
-        out.append(group[0] if len(group) == 1 else Row("", f"{len(group)} cases", "SKIP", note=note))
+        out.append(group[0] if len(group) == 1 else Row("", f"{len(group)} cases", Outcome.SKIP.value, note=note))
     return out
 
 

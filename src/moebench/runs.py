@@ -24,12 +24,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from moebench.baselines.compare import Comparison, case_verdict, compare_case, deciding_metric
+from moebench.baselines.compare import Comparison, Outcome, case_verdict, compare_case, deciding_metric
 from moebench.metrics import DIRECTIONS, Metric
 
-# A case present in the reference run but not in the candidate: not a verdict of the gate, but a
-# reviewer must see it (a case that stopped running hides its regressions).
-MISSING = "MISSING"
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -292,7 +289,8 @@ def compare_runs(a: Run, b: Run, *, ignore_hardware: bool = False) -> list[CaseD
         if cb is None:
             name = ca.primary or next(iter(ca.metrics), "")
             m = ca.metrics.get(name)
-            out.append(CaseDelta(key, MISSING, name, m.metric.unit if m else "", m.metric.value if m else None))
+            # Not a verdict of the gate, but a reviewer must see it: a case that stopped running hides its regressions.
+            out.append(CaseDelta(key, Outcome.MISSING.value, name, m.metric.unit if m else "", m.metric.value if m else None))
             continue
         stale = bool(ca and ca.definition_hash and cb.definition_hash and ca.definition_hash != cb.definition_hash)
         # a's gated metrics are the stored entry, as a baseline file holds them
