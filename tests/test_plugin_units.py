@@ -8,7 +8,7 @@ import re
 import pytest
 
 from moebench import hardware, plugin, report
-from moebench.session import Row
+from moebench.results import Row
 
 
 @pytest.mark.parametrize("expr, names", [

@@ -1,7 +1,7 @@
 """The closing table folds skips that share a reason; measured rows and lone skips stay as they are."""
 
 from moebench.report import counts, display_rows, markdown_table, text_table
-from moebench.session import Row
+from moebench.results import Row
 
 
 def _rows():

@@ -24,7 +24,8 @@ from typing import Callable, Sequence
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
-from moebench.runs import RunsError, backend_matrix, compare_runs, fmt_value, load_run, load_runs
+from moebench.results import ResultsError
+from moebench.runs import backend_matrix, compare_runs, fmt_value, load_run, load_runs
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "Exception ignored" message from the interpreter's own flush at exit.
         sys.stdout.flush()
         return code
-    except (CliError, RunsError, BaselineError) as e:
+    except (CliError, ResultsError, BaselineError) as e:
         print(f"moebench {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     # Before OSError, of which it is a subclass: caught after it, a closed pipe read "error: : Broken pipe".

@@ -14,7 +14,8 @@ from moebench.baselines.schema import validate_file
 from moebench.baselines.store import load_file
 from moebench.baselines.update import merge_files
 from moebench.cli import EXIT_FOUND, EXIT_OK, CliError, _check_patterns, _matcher, _num, _pct, table
-from moebench.runs import baseline_entries, parse_run, read_json
+from moebench.results import ResultsDoc, read_json
+from moebench.runs import baseline_entries
 
 
 def _baseline_files(path: Path) -> list[Path]:
@@ -134,7 +135,7 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
     if isinstance(doc, dict) and "schema_version" in doc:
         validate_file(doc, str(path))
         return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
-    run = parse_run(doc, str(path))
+    run = ResultsDoc.from_json(doc, str(path))
     verdicts = {k: c.verdict for k, c in run.cases.items()}
     return [(run.hardware_key, fam, run.fingerprint,
              {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}")

@@ -20,7 +20,8 @@ from moebench.baselines.compare import Outcome, display_rank
 from moebench.baselines.store import BaselineSet
 from moebench.files import atomic_write_text
 from moebench.report import breakdowns_markdown, breakdowns_text
-from moebench.runs import Run, fmt_value, latest_runs
+from moebench.results import ResultsDoc
+from moebench.runs import fmt_value, latest_runs
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
@@ -85,7 +86,7 @@ class CaseTrend:
         return self.points[-1]
 
 
-def trends(runs: list[Run], *, metric: str | None = None, baselines: dict[str, BaselineSet] | None = None) -> list[CaseTrend]:
+def trends(runs: list[ResultsDoc], *, metric: str | None = None, baselines: dict[str, BaselineSet] | None = None) -> list[CaseTrend]:
     """Collect each case's points over `runs` (oldest first). The metric is `metric` or the case's primary
     in its latest run. With `baselines` (hardware key -> BaselineSet) the stored baseline and its rel_tol
     draw the line and band; otherwise each run's own recorded baseline and the metric's rel_tol do."""
@@ -204,7 +205,7 @@ class IndexRow:
     note: str = ""
 
 
-def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
+def index_rows(case_trends: list[CaseTrend], runs: list[ResultsDoc]) -> list[IndexRow]:
     """Index lines, worst first: every plotted case, then what the latest run of each family on each
     hardware key (and the latest run of all) did not measure. `runs` oldest first."""
     rows = []
@@ -216,11 +217,9 @@ def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))
     newest = {id(r) for r in [*latest_runs(runs).values(), *runs[-1:]]}
-    not_measured = {str(r.get("key") or r.get("nodeid", "")): r
-                    for run in runs if id(run) in newest for r in run.not_measured}
-    for r in not_measured.values():
-        rows.append(IndexRow(str(r.get("verdict", "")), str(r.get("key") or r.get("nodeid", "")), "-", "-", "-", "-",
-                             0, None, str(r.get("note", ""))))
+    not_measured = {r.key or r.nodeid: r for run in runs if id(run) in newest for r in run.not_measured}
+    for name, r in not_measured.items():
+        rows.append(IndexRow(r.verdict, name, "-", "-", "-", "-", 0, None, r.note))
     return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key))
 
 
@@ -265,14 +264,7 @@ def index_html(rows: list[IndexRow], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def breakdown_cases(run: Run) -> list[dict]:
-    """A run's cases in the results-JSON shape the breakdown tables read (moebench.decode.breakdown_report)."""
-    return [{"key": c.key, "info": c.info,
-             "metrics": {n: {"value": sm.metric.value, "baseline": sm.baseline, "delta_pct": sm.delta_pct,
-                             "gated": sm.gated} for n, sm in c.metrics.items()}} for c in run.cases.values()]
-
-
-def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
+def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None,
                  baselines: dict[str, BaselineSet] | None = None, case_filter=None) -> tuple[list[IndexRow], list[Path]]:
     """Plot every case's trend into out/plots/ and write out/index.html and out/index.md.
     Returns the index rows and the files written."""
@@ -292,7 +284,7 @@ def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
     title = f"moebench on {hw}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
     if latest is not None:
         title += f", latest {latest.label}"
-    cases = breakdown_cases(latest) if latest is not None else []
+    cases = list(latest.cases.values()) if latest is not None else []
     extra = breakdowns_markdown(cases, "##")
     md = index_markdown(rows, title) + (f"\n{extra}" if extra else "")
     page = index_html(rows, title).replace("</body></html>", "".join(

@@ -21,7 +21,8 @@ from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.metrics import Metric
 from moebench.report import failure_note
-from moebench.session import CaseResult, Row, RunState
+from moebench.results import Row
+from moebench.session import CaseResult, RunState
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
@@ -351,11 +352,11 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
     config = session.config
     try:
         if config.getoption("results_json"):
-            report.write_json(config.getoption("results_json"), state.results_doc())
+            report.write_json(config.getoption("results_json"), state.results_doc().to_json())
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            extra = report.breakdowns_markdown([r.to_json() for r in state.results])
+            extra = report.breakdowns_markdown([r.doc() for r in state.results])
             for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
                                               extra):
                 lines.append(f"moebench: summary written to {path}")
@@ -375,7 +376,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
         terminalreporter.write_line(report.counts(state.rows))
-    for text in report.breakdowns_text([r.to_json() for r in state.results]):
+    for text in report.breakdowns_text([r.doc() for r in state.results]):
         terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)

@@ -9,7 +9,7 @@ from typing import Iterable
 
 from moebench.baselines.compare import Outcome, display_rank
 from moebench.files import atomic_write_text
-from moebench.session import Row
+from moebench.results import CaseDoc, Row
 
 # Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
 # is what the reader came for, and as the last column it only wraps.
@@ -109,14 +109,14 @@ def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
     return "\n".join(out) + "\n"
 
 
-def breakdowns_text(cases: list[dict]) -> list[str]:
+def breakdowns_text(cases: Iterable[CaseDoc]) -> list[str]:
     """The decode step breakdown of every case that has one, as terminal tables under their titles."""
     from moebench.decode.breakdown_report import HEADER, breakdown_tables
 
     return [f"{title}\n{aligned(HEADER, rows)}" for title, rows in breakdown_tables(cases)]
 
 
-def breakdowns_markdown(cases: list[dict], level: str = "####") -> str:
+def breakdowns_markdown(cases: Iterable[CaseDoc], level: str = "####") -> str:
     """The same as markdown sections ("" when no case has a breakdown)."""
     from moebench.decode.breakdown_report import HEADER, breakdown_tables
 
