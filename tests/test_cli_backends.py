@@ -6,7 +6,8 @@ import copy
 import json
 from pathlib import Path
 
-from moebench.cli import _num, main
+from moebench.cli import main
+from moebench.report import fmt_value
 from moebench.results import CaseDoc, ResultsDoc
 from moebench.runs import backend_matrix, key_without, load_run, shape_group
 
@@ -27,7 +28,7 @@ def test_speedups_against_the_reference(capsys):
     out = capsys.readouterr().out
     assert "torch_bmm (ref)" in out and "times faster than torch_bmm" in out
     line = next(line for line in out.splitlines() if line.startswith(SHAPE + " "))
-    assert f"{_num(row['torch_bmm'].value, 'us')}  1.00x" in line
+    assert f"{fmt_value(row['torch_bmm'].value, 'us')}  1.00x" in line
     shapes = [line.split()[0] for line in out.splitlines() if line.startswith("tiny-tp8-gemm1-")]
     assert shapes == ["tiny-tp8-gemm1-m1-bf16-decode", "tiny-tp8-gemm1-m4-bf16-decode", "tiny-tp8-gemm1-m16-bf16-decode"]
 

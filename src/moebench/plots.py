@@ -19,9 +19,9 @@ from pathlib import Path
 from moebench.baselines.compare import Outcome, display_rank
 from moebench.baselines.store import BaselineSet
 from moebench.files import atomic_write_text
-from moebench.report import breakdowns_markdown, breakdowns_text
+from moebench.report import breakdowns_markdown, breakdowns_text, fmt_pct, fmt_value, markdown_grid, tally
 from moebench.results import ResultsDoc
-from moebench.runs import fmt_value, latest_runs
+from moebench.runs import latest_runs
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
@@ -211,7 +211,7 @@ def index_rows(case_trends: list[CaseTrend], runs: list[ResultsDoc]) -> list[Ind
     rows = []
     for t in case_trends:
         p = t.latest
-        delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
+        delta = fmt_pct(100 * (p.value - p.baseline) / p.baseline if p.baseline else None, signed=True)
         verdict = p.verdict if t.in_latest else Outcome.MISSING.value
         note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
@@ -223,22 +223,12 @@ def index_rows(case_trends: list[CaseTrend], runs: list[ResultsDoc]) -> list[Ind
     return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key))
 
 
-def _counts(rows: list[IndexRow]) -> str:
-    tally: dict[str, int] = {}
-    for r in rows:
-        tally[r.verdict] = tally.get(r.verdict, 0) + 1
-    return ", ".join(f"{n} {v}" for v, n in tally.items()) or "no cases"
-
-
 def index_markdown(rows: list[IndexRow], title: str) -> str:
     """The index as GitHub-flavoured markdown (links relative to the index)."""
-    out = [f"# {title}", "", _counts(rows), "",
-           "| verdict | case | metric | latest | baseline | delta | runs | plot | note |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        link = f"[png]({r.png})" if r.png else "-"
-        cells = [r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs), link, r.note]
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    body = [[r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs),
+             f"[png]({r.png})" if r.png else "-", r.note] for r in rows]
+    out = [f"# {title}", "", tally(r.verdict for r in rows), ""]
+    out += markdown_grid(["verdict", "case", "metric", "latest", "baseline", "delta", "runs", "plot", "note"], body)
     return "\n".join(out) + "\n"
 
 
@@ -250,7 +240,7 @@ def index_html(rows: list[IndexRow], title: str) -> str:
         "<style>body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}"
         "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img{width:360px}code{font-size:90%}</style>",
-        "</head><body>", f"<h1>{e(title)}</h1>", f"<p>{e(_counts(rows))}</p>",
+        "</head><body>", f"<h1>{e(title)}</h1>", f"<p>{e(tally(r.verdict for r in rows))}</p>",
         "<table><tr><th>verdict</th><th>case</th><th>metric</th><th>latest</th><th>baseline</th><th>delta</th>"
         "<th>runs</th><th>trend</th><th>note</th></tr>",
     ]

@@ -375,7 +375,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if state.rows:
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
-        terminalreporter.write_line(report.counts(state.rows))
+        terminalreporter.write_line(report.tally(r.verdict for r in state.rows))
     for text in report.breakdowns_text([r.doc() for r in state.results]):
         terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):

@@ -26,6 +26,7 @@ from typing import Any
 from moebench.decode import models
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
+from moebench.report import fmt_fixed, fmt_pct
 from moebench.results import CaseDoc, ResultsDoc, ResultsError, read_json
 
 ALLREDUCES_PER_LAYER = 2
@@ -76,7 +77,7 @@ class Prediction:
     def rows(self) -> list[list[str]]:
         """The terms as table rows: term, ms/step, share of the predicted step."""
         def row(label: str, ms: float) -> list[str]:
-            return [label, f"{ms:.3f}", f"{100 * ms / self.total_ms:.1f}%"]
+            return [label, fmt_fixed(ms), fmt_pct(100 * ms / self.total_ms)]
 
         out = [row("rank step, measured (steady ms/token)", self.rank_ms)]
         out += [row(f"  {label}", ms) for label, ms in self.breakdown.items()]

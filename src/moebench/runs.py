@@ -40,17 +40,6 @@ def key_without(key: str, token: str | None) -> str:
     return f"{head}[{'-'.join(parts)}]" if m else "-".join(parts)
 
 
-def fmt_value(x: float | None, unit: str = "") -> str:
-    """4 significant digits, without an exponent in the range benchmarks live in (46870 us, 0.0123 ms)."""
-    if x is None:
-        return "-"
-    if x == 0 or not math.isfinite(x) or not 1e-3 <= abs(x) < 1e7:
-        text = f"{x:.4g}"
-    else:
-        text = f"{x:.{max(0, 3 - math.floor(math.log10(abs(x))))}f}"
-    return f"{text} {unit}".strip()
-
-
 def load_run(path: str | Path) -> ResultsDoc:
     """Read (plain or `.json.gz`) and validate one results file. Raises ResultsError with a one-line message."""
     return ResultsDoc.from_json(read_json(path), str(path))

@@ -12,6 +12,7 @@ from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verd
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
+from moebench.report import fmt_pct
 from moebench.results import CaseDoc, MetricDoc, ResultsDoc, Row, entries_by_family
 
 
@@ -156,7 +157,7 @@ class RunState:
                 line = one_line(r.key, name, c, r.measurement.metrics[name].unit)
                 # every other metric with the same verdict is named too: the first is not always the one
                 # that explains the failure (a noisy TTFT beside a slower kernel category)
-                also = [f"{n} {oc.delta_pct:+.1f}%" for n, oc in r.comparisons.items()
+                also = [f"{n} {fmt_pct(oc.delta_pct, signed=True)}" for n, oc in r.comparisons.items()
                         if n != name and oc.verdict is r.verdict and oc.delta_pct is not None]
                 if also:
                     line += f"; also {r.verdict.value}: {', '.join(also)}"

@@ -163,14 +163,15 @@ def failing(verdict: Verdict, *, strict: bool) -> bool:
 
 def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
     """The single line a regressed test fails with: case, metric, value, baseline, delta, tolerance, noise."""
+    from moebench.report import fmt_pct, fmt_value  # here, not above: the report layer imports this module
+
     delta = c.delta_pct
-    u = f" {unit}" if unit else ""
     parts = [
-        f"{c.verdict.value} {case_key} {metric}: {c.value:.4g}{u}",
-        f"baseline {c.baseline:.4g}{u}" if c.baseline is not None else "no baseline",
-        f"delta {delta:+.1f}%" if delta is not None else "",
-        f"tolerance {100 * c.rel_tol:.1f}%" if c.rel_tol is not None else "",
-        f"noise {100 * c.noise:.1f}%" if c.noise is not None else "",
+        f"{c.verdict.value} {case_key} {metric}: {fmt_value(c.value, unit)}",
+        f"baseline {fmt_value(c.baseline, unit)}" if c.baseline is not None else "no baseline",
+        f"delta {fmt_pct(delta, signed=True)}" if delta is not None else "",
+        f"tolerance {fmt_pct(100 * c.rel_tol)}" if c.rel_tol is not None else "",
+        f"noise {fmt_pct(100 * c.noise)}" if c.noise is not None else "",
     ]
     return ", ".join(p for p in parts if p)
 

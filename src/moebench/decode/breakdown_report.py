@@ -10,13 +10,10 @@ from typing import Iterable
 
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
+from moebench.report import fmt_fixed, fmt_pct
 from moebench.results import CaseDoc
 
 HEADER = ["category", "ms/step", "share", "baseline", "delta", "% of floor"]
-
-
-def _num(x, fmt: str = ".3f") -> str:
-    return "-" if x is None else format(x, fmt)
 
 
 def breakdown_tables(cases: Iterable[CaseDoc]) -> list[tuple[str, list[list[str]]]]:
@@ -38,13 +35,12 @@ def breakdown_tables(cases: Iterable[CaseDoc]) -> list[tuple[str, list[list[str]
             if m is None or (not m.metric.value and not m.baseline):
                 continue  # a category with no kernel in this step (communication on one GPU)
             floor = value(f"pct_of_floor_{c}")
-            rows.append([LABELS[c] + (" (gated)" if m.gated else ""), _num(m.metric.value),
-                         _num(None if share is None else 100 * share, ".1f") + ("%" if share is not None else ""),
-                         _num(m.baseline), "-" if m.delta_pct is None else f"{m.delta_pct:+.1f}%",
-                         "-" if floor is None else f"{floor:.1f}%"])
-        rows.append(["GPU busy", _num(value(f"{PREFIX}gpu_busy_ms")), "", "", "", ""])
-        rows.append(["host gap (step - GPU busy)", _num(value(f"{PREFIX}host_gap_ms")), "", "", "", ""])
+            rows.append([LABELS[c] + (" (gated)" if m.gated else ""), fmt_fixed(m.metric.value),
+                         fmt_pct(None if share is None else 100 * share), fmt_fixed(m.baseline),
+                         fmt_pct(m.delta_pct, signed=True), fmt_pct(floor)])
+        rows.append(["GPU busy", fmt_fixed(value(f"{PREFIX}gpu_busy_ms")), "", "", "", ""])
+        rows.append(["host gap (step - GPU busy)", fmt_fixed(value(f"{PREFIX}host_gap_ms")), "", "", "", ""])
         title = (f"decode step breakdown: {case.key} ({bd.get('steps')} profiled steps, {bd.get('source')}; "
-                 f"steady {_num(value('ms_per_token'))} ms/token)")
+                 f"steady {fmt_fixed(value('ms_per_token'))} ms/token)")
         out.append((title, rows))
     return out
