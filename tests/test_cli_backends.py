@@ -6,8 +6,10 @@ import copy
 import json
 from pathlib import Path
 
-from moebench.cli import _num, main
-from moebench.runs import CaseRecord, backend_matrix, key_without, load_run, parse_run
+from moebench.cli import main
+from moebench.report import fmt_value
+from moebench.results import CaseDoc, ResultsDoc
+from moebench.runs import backend_matrix, key_without, load_run, shape_group
 
 GEMM = Path(__file__).resolve().parents[1] / "tests" / "data" / "gemm-tiny-cpu.json"
 SHAPE = "tiny-tp8-gemm1-m4-bf16-decode"
@@ -26,7 +28,7 @@ def test_speedups_against_the_reference(capsys):
     out = capsys.readouterr().out
     assert "torch_bmm (ref)" in out and "times faster than torch_bmm" in out
     line = next(line for line in out.splitlines() if line.startswith(SHAPE + " "))
-    assert f"{_num(row['torch_bmm'].value, 'us')}  1.00x" in line
+    assert f"{fmt_value(row['torch_bmm'].value, 'us')}  1.00x" in line
     shapes = [line.split()[0] for line in out.splitlines() if line.startswith("tiny-tp8-gemm1-")]
     assert shapes == ["tiny-tp8-gemm1-m1-bf16-decode", "tiny-tp8-gemm1-m4-bf16-decode", "tiny-tp8-gemm1-m16-bf16-decode"]
 
@@ -41,12 +43,12 @@ def test_higher_is_better_metric_speedup_is_a_ratio_of_values():
 def test_group_falls_back_to_the_key_without_its_backend():
     assert key_without("gemm[kimi-k2.5-tp8-gemm1-m1-bf16-triton]", "triton") == "gemm[kimi-k2.5-tp8-gemm1-m1-bf16]"
     assert key_without("gemm[a-vllm_triton-b]", "triton") == "gemm[a-vllm_triton-b]"  # whole tokens only
-    c = CaseRecord("gemm[x-m1-torch_bmm]", "gemm", "PASS", None, {}, info={"backend": "torch_bmm"})
-    assert c.shape_group() == "gemm[x-m1]"
+    c = CaseDoc("gemm[x-m1-torch_bmm]", "gemm", "PASS", None, {}, info={"backend": "torch_bmm"})
+    assert shape_group(c) == "gemm[x-m1]"
     doc = json.loads(GEMM.read_text())
     for case in doc["cases"]:
         case["info"].pop("group"), case["info"].pop("shape")
-    _, groups, _ = backend_matrix(parse_run(doc, "no-groups.json"), reference="torch_loop")
+    _, groups, _ = backend_matrix(ResultsDoc.from_json(doc, "no-groups.json"), reference="torch_loop")
     assert f"gemm[{SHAPE}]" in groups and len(groups[f"gemm[{SHAPE}]"]) == 3
 
 
@@ -72,7 +74,7 @@ def test_default_reference_is_vllm_triton_when_present(capsys):
             c["info"]["backend"] = "vllm_triton"
             extra.append(c)
     doc["cases"] += extra
-    run = parse_run(doc, "with-vllm.json")
+    run = ResultsDoc.from_json(doc, "with-vllm.json")
     assert backend_matrix(run, reference="vllm_triton")[1][SHAPE]["vllm_triton"].speedup == 1.0
 
 

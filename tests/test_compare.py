@@ -155,3 +155,22 @@ def test_one_display_order_for_every_table_follows_the_gates_severity():
     assert gate == [v.value for v in sorted(Verdict, key=SEVERITY.__getitem__, reverse=True)]
     assert DISPLAY_ORDER[:4] == ("REGRESSION", "FAIL", "ERROR", "MISSING") and DISPLAY_ORDER[-1] == "SKIP"
     assert display_rank("SOMETHING NEW") == -1  # an outcome nobody ranked sorts first
+
+
+def test_the_gates_verdicts_are_outcomes_and_outcomes_are_spelled_once():
+    import re
+    from pathlib import Path
+
+    from moebench.baselines.compare import DISPLAY_ORDER, Outcome
+
+    # Every verdict is the Outcome of the same name and value (JSON stores the value: "PASS").
+    assert all(Outcome[v.name] == v == v.value for v in Verdict)
+    assert DISPLAY_ORDER == tuple(Outcome)
+    # No other src file spells an outcome as a bare string literal: a table, tally or plot that sorts or
+    # counts by its own strings drifts from the one order (plugin.py wrote "SKIP", plots.py "MISSING").
+    src = Path(__file__).resolve().parents[1] / "src" / "moebench"
+    # (an argparse metavar="NEW" names a file, not an outcome)
+    literal = re.compile(r"(?<!metavar=)[\"'](" + "|".join(o.value for o in Outcome) + r")[\"']")
+    spelled = [f"{p.relative_to(src)}:{i}" for p in sorted(src.rglob("*.py")) if p.name != "compare.py"
+               for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert spelled == []

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench.baselines.compare import Verdict, compare_metric
+from moebench.baselines.compare import Comparison, Verdict, compare_metric
 from moebench.decode import trace
 from moebench.decode.breakdown import breakdown, breakdown_metrics, combine_instances, moved_most
 from moebench.decode.categories import category
@@ -167,14 +167,16 @@ def test_instances_combine_to_the_median_with_the_spread_between_them_as_noise()
 
 def test_the_breakdown_table_shows_each_category_against_its_baseline():
     from moebench.decode.breakdown_report import breakdown_tables
+    from moebench.results import CaseDoc, MetricDoc
 
     b = breakdown(_steps())
     measured = breakdown_metrics(b, 0.2, GATED, 0.05)
-    metrics = {n: m.to_json() | {"gated": m.gated} for n, m in measured.items()}
-    metrics["step_routed_experts_ms"].update(baseline=0.020, delta_pct=25.0)
-    metrics["pct_of_floor_routed_experts"] = {"value": 41.0}
-    case = {"key": "decode[x]", "info": {"breakdown": b.to_json()}, "metrics": metrics}
-    [(title, rows)] = breakdown_tables([case, {"key": "decode[no-profile]", "info": {}, "metrics": {}}])
+    metrics = {n: MetricDoc(m) for n, m in measured.items()}
+    experts = measured["step_routed_experts_ms"]
+    metrics["step_routed_experts_ms"] = MetricDoc(experts, Comparison(Verdict.REGRESSION, experts.value, baseline=0.020))
+    metrics["pct_of_floor_routed_experts"] = MetricDoc(Metric(41.0, "%", "higher", gated=False))
+    case = CaseDoc("decode[x]", "decode", "REGRESSION", None, metrics, info={"breakdown": b.to_json()})
+    [(title, rows)] = breakdown_tables([case, CaseDoc("decode[no-profile]", "decode", "PASS", None, {})])
     assert title.startswith("decode step breakdown: decode[x] (3 profiled steps, annotations")
     by_name = {r[0]: r for r in rows}
     assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 from moebench.baselines.store import BaselineSet, merge_entries
-from moebench.runs import baseline_entries, compare_runs, parse_run
+from moebench.results import ResultsDoc
+from moebench.runs import baseline_entries, compare_runs
 from moebench.session import Measurement, RunState
 
 REFERENCE = Path(__file__).parent / "data" / "results-decode-kimi-int4-rank-h200.json"
@@ -31,7 +32,7 @@ def _candidate(doc: dict) -> dict:
 
 
 def _both_paths(ref_doc: dict, cand_doc: dict) -> tuple[dict, dict]:
-    ref, cand = parse_run(ref_doc, "ref"), parse_run(cand_doc, "cand")
+    ref, cand = ResultsDoc.from_json(ref_doc, "ref"), ResultsDoc.from_json(cand_doc, "cand")
     offline = {d.key: d.verdict for d in compare_runs(ref, cand)}
     entries = baseline_entries(ref)["decode"]
     doc, _ = merge_entries(None, ref.hardware_key, "decode", ref.fingerprint, ref.finished, entries)

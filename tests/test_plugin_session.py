@@ -91,7 +91,7 @@ def test_clocks_throttled_while_measuring_make_the_verdict_ambiguous(fake_nvml, 
     r = record(state(baseline_set({"lat": 100.0})), Source(100.0))
     assert r.verdict is verdict and r.comparisons["lat"].verdict is verdict
     throttled = verdict is Verdict.AMBIGUOUS
-    assert r.measurement.throttled is throttled and r.to_json()["throttled"] is throttled
+    assert r.measurement.throttled is throttled and r.doc().to_json()["throttled"] is throttled
 
 
 def test_stale_and_new_fail_only_when_strict():
@@ -160,7 +160,7 @@ def test_results_doc_has_every_case_with_its_numbers():
     s = state(baseline_set({"lat": 100.0}))
     record(s, Source(100.0))
     record(s, Source(7.0), key="k[2]")
-    doc = s.results_doc()
+    doc = s.results_doc().to_json()
     assert doc["hardware_key"] == HW and doc["fingerprint"] == HERE
     cases = {c["key"]: c for c in doc["cases"]}
     lat = cases["k[1]"]["metrics"]["lat"]
@@ -191,7 +191,7 @@ def test_what_moved_and_what_ran_differently_reach_the_failure_line_the_row_and_
     assert s.failure_line(r).endswith("; moved most: lat 100 -> 120; attention: FLASH_ATTN_MLA -> TRITON_MLA")
     assert s.rows[-1].note.startswith("moved most: lat 100 -> 120; attention:")
     stored = s.entries_by_family()["gemm"]["k[1]"]
-    assert stored["recorded"] == ran and r.to_json()["recorded"] == ran
+    assert stored["recorded"] == ran and r.doc().to_json()["recorded"] == ran
     # a passing case says nothing of what moved, but still what ran differently
     ok = record(state(bs), Source(100.0), explain=lambda c, m: "never shown", recorded=lambda: ran)
     assert ok.verdict is Verdict.PASS and ok.explanation == "attention: FLASH_ATTN_MLA -> TRITON_MLA"

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from moebench import hardware, plugin, report
-from moebench.session import Row
+from moebench.results import Row
 
 
 @pytest.mark.parametrize("expr, names", [
@@ -64,13 +64,13 @@ def test_table_is_worst_first_with_counts():
     assert lines[0].split() == report.HEADER
     assert [l.split()[0] for l in lines[2:]] == ["REGRESSION", "ERROR", "NEW", "PASS", "SKIP"]
     assert lines[2].split()[:6] == ["REGRESSION", "c[reg]", "lat", "2", "us", "1"]
-    assert report.counts(ROWS) == "1 REGRESSION, 1 ERROR, 1 NEW, 1 PASS, 1 SKIP"
+    assert report.tally(r.verdict for r in ROWS) == "1 REGRESSION, 1 ERROR, 1 NEW, 1 PASS, 1 SKIP"
 
 
 def test_markdown_escapes_pipes_and_has_one_row_per_case():
     md = report.markdown_table(ROWS, "moebench on hw")
     lines = md.splitlines()
-    assert lines[:3] == ["### moebench on hw", "", report.counts(ROWS)]
+    assert lines[:3] == ["### moebench on hw", "", report.tally(r.verdict for r in ROWS)]
     table = [l for l in lines if l.startswith("|")]
     assert len(table) == 2 + len(ROWS)
     assert "| REGRESSION | c[reg] | lat | 2 us | 1 us | +100.0% | worse \\| slower |" in table

@@ -1,7 +1,7 @@
 """The closing table folds skips that share a reason; measured rows and lone skips stay as they are."""
 
-from moebench.report import counts, display_rows, markdown_table, text_table
-from moebench.session import Row
+from moebench.report import display_rows, markdown_table, tally, text_table
+from moebench.results import Row
 
 
 def _rows():
@@ -20,5 +20,42 @@ def test_skips_with_one_reason_fold_into_one_row_and_counts_stay_exact():
     folded = [r for r in shown if r.verdict == "SKIP"]
     assert {(r.key or r.nodeid, r.note) for r in folded} == {("2 cases", "needs 1 CUDA GPU"),
                                                              ("t::d", "flashinfer missing")}
-    assert counts(_rows()) == "1 REGRESSION, 1 PASS, 3 SKIP"
+    assert tally(r.verdict for r in _rows()) == "1 REGRESSION, 1 PASS, 3 SKIP"
     assert "2 cases" in text_table(_rows()) and "2 cases" in markdown_table(_rows())
+
+
+def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_moebench_compare(tmp_path, capsys):
+    # The closing table and the failure line wrote 4.687e+04 us and `moebench compare` 46870 us; compare
+    # wrote 20.00 GB/s where the failure line wrote 20 GB/s. One formatter now: 4 significant digits, no
+    # exponent, no trailing zeros.
+    import json
+    from pathlib import Path
+
+    from moebench.baselines.compare import compare_metric, one_line
+    from moebench.baselines.store import merge_entries
+    from moebench.cli import main
+    from moebench.metrics import Metric
+
+    c = compare_metric(Metric(46870.0, "us", "lower"), Metric(40000.0, "us", "lower"))
+    assert one_line("gemm[x]", "graph_us", c, "us").startswith(
+        "REGRESSION gemm[x] graph_us: 46870 us, baseline 40000 us, delta +17.2%, tolerance 5.0%")
+    row = Row("t::x", "gemm[x]", "REGRESSION", "graph_us", 46870.0, "us", 40000.0, c.delta_pct)
+    assert "46870 us  40000 us  +17.2%" in text_table([row])
+    assert "| 46870 us | 40000 us | +17.2% |" in markdown_table([row])
+    entry = {"definition_hash": "h", "provenance": {"kind": "external", "source": "s", "date": "d"}}
+    doc, _ = merge_entries(None, "hw", "gemm", {}, "now", {"gemm[x]": entry | {"metrics": {
+        "graph_us": Metric(40000.0, "us", "lower").to_json()}}})
+    _, changes = merge_entries(doc, "hw", "gemm", {}, "now", {"gemm[x]": entry | {"metrics": {
+        "graph_us": Metric(46870.0, "us", "lower").to_json()}}})
+    assert changes == ["  ~ gemm[x] graph_us: 40000 -> 46870 us (+17.2%)"]
+
+    cpu = Path(__file__).parent / "data" / "selfcheck-cpu-1.json"
+    runs = []
+    for value in (20.0, 25.0):
+        d = json.loads(cpu.read_text())
+        d["cases"][0]["metrics"]["copy_GBps"]["value"] = value
+        runs.append(tmp_path / f"{value}.json")
+        runs[-1].write_text(json.dumps(d))
+    main(["compare", *map(str, runs)])
+    line = next(line for line in capsys.readouterr().out.splitlines() if "copy-64MiB-cpu]" in line and "aa-" not in line)
+    assert "20 GB/s" in line and "25 GB/s" in line and "+25.0%" in line

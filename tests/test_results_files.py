@@ -12,7 +12,8 @@ import pytest
 
 from moebench import plots
 from moebench.cli import main
-from moebench.runs import RunsError, load_run, load_runs
+from moebench.results import ResultsError
+from moebench.runs import load_run, load_runs
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SELFCHECK = [DATA / "selfcheck-cpu-1.json", DATA / "selfcheck-cpu-2.json"]
@@ -42,7 +43,7 @@ def test_compare_backends_and_promote_accept_json_gz(tmp_path, capsys):
 def test_a_broken_gzip_file_is_one_line_naming_it(tmp_path):
     cut = tmp_path / "cut.json.gz"
     cut.write_bytes(gzip.compress(GEMM.read_bytes())[:200])
-    with pytest.raises(RunsError, match=rf"^{re.escape(str(cut))}: cannot read: "):
+    with pytest.raises(ResultsError, match=rf"^{re.escape(str(cut))}: cannot read: "):
         load_run(cut)
 
 
@@ -70,19 +71,18 @@ def test_report_over_gzipped_runs_of_two_families_has_no_missing(tmp_path, capsy
 
 
 def test_the_results_version_is_written_and_checked(tmp_path):
-    from moebench.runs import RESULTS_VERSION, RunsError, parse_run
+    from moebench.results import RESULTS_VERSION, ResultsDoc
 
     doc = {"hardware_key": "h", "started": "2026-12-01T00:00:00Z", "cases": []}
-    assert parse_run(doc, "old.json").cases == {}  # before the field existed: version 1
-    assert parse_run(doc | {"results_version": RESULTS_VERSION}, "now.json").cases == {}
-    with pytest.raises(RunsError, match=r"new.json: results_version: this moebench reads versions 1..1, got 2"):
-        parse_run(doc | {"results_version": RESULTS_VERSION + 1}, "new.json")
-    from pathlib import Path
-
+    assert ResultsDoc.from_json(doc, "old.json").cases == {}  # before the field existed: version 1
+    assert ResultsDoc.from_json(doc | {"results_version": RESULTS_VERSION}, "now.json").cases == {}
+    with pytest.raises(ResultsError, match=r"^new.json: results_version: this moebench reads versions 1..1, got 2"):
+        ResultsDoc.from_json(doc | {"results_version": RESULTS_VERSION + 1}, "new.json")
     from moebench.baselines.store import BaselineSet
     from moebench.session import RunState
 
     state = RunState(baseline_dir=Path("/nonexistent"), hardware_key="h", fingerprint={}, strict=False, update=False,
                      baselines=BaselineSet(Path("/nonexistent"), "h"), key_forced=False)
-    written = state.results_doc()
-    assert written["results_version"] == RESULTS_VERSION and parse_run(written, "written.json").hardware_key == "h"
+    written = state.results_doc().to_json()
+    assert written["results_version"] == RESULTS_VERSION
+    assert ResultsDoc.from_json(written, "written.json").hardware_key == "h"

@@ -21,13 +21,16 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Sequence
 
-from moebench.baselines.compare import Verdict, display_rank
+from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
-from moebench.runs import MISSING, RunsError, backend_matrix, compare_runs, fmt_value, load_run, load_runs
+from moebench.results import ResultsError
+from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
+from moebench.runs import backend_matrix, compare_runs, load_run, load_runs
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
-VERDICT_NAMES = [v.value for v in Verdict] + [MISSING]
+# What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
+VERDICT_NAMES = [v.value for v in Verdict] + [Outcome.MISSING.value]
 
 
 class CliError(Exception):
@@ -43,35 +46,9 @@ class _Parser(argparse.ArgumentParser):
 
 # --- small output helpers -----------------------------------------------------------------------
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> str:
-    """A fixed-width text table; columns listed in `right` are right-aligned (numbers)."""
-    data = [list(header)] + [list(r) for r in rows]
-    widths = [max(len(r[i]) for r in data) for i in range(len(header))]
-
-    def line(r: list[str]) -> str:
-        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
-
-    return "\n".join([line(data[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in data[1:]])
-
-
-_num = fmt_value
-
-
 def _natural(s: str) -> list:
     """Sort key that puts m4 before m16."""
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
-
-
-def _pct(x: float | None, signed: bool = False) -> str:
-    return "-" if x is None else (f"{x:+.1f}%" if signed else f"{x:.1f}%")
-
-
-def _tally(verdicts: Sequence[str]) -> str:
-    counts: dict[str, int] = {}
-    for v in verdicts:
-        counts[v] = counts.get(v, 0) + 1
-    order = sorted(counts, key=display_rank)
-    return ", ".join(f"{counts[v]} {v}" for v in order) or "no cases"
 
 
 def glob_match(key: str, pattern: str) -> bool:
@@ -114,20 +91,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for d in deltas:
         c = d.comparison
         note = c.reason if c and c.verdict is not Verdict.PASS else ""
-        if d.verdict == MISSING:
+        if d.verdict == Outcome.MISSING:
             note = "in the reference run only"
         elif c is None:
             note = "no gated metric: not compared"
-        rows.append([d.verdict, d.key, d.metric or "-", _num(d.before, d.unit), _num(d.after, d.unit),
-                     _pct(d.delta_pct, signed=True), _pct(100 * c.rel_tol if c and c.rel_tol is not None else None),
-                     _pct(100 * c.noise if c and c.noise is not None else None), note])
+        rows.append([d.verdict, d.key, d.metric or "-", fmt_value(d.before, d.unit), fmt_value(d.after, d.unit),
+                     fmt_pct(d.delta_pct, signed=True), fmt_pct(100 * c.rel_tol if c and c.rel_tol is not None else None),
+                     fmt_pct(100 * c.noise if c and c.noise is not None else None), note])
     print(table(["verdict", "case", "metric", "reference", "candidate", "delta", "tolerance", "noise band", "note"],
                 rows, right=(3, 4, 5, 6, 7)))
     print()
     failing = [d for d in deltas if d.verdict in args.fail_on]
     # The last line is the tally (ci/nightly.sh shows it in the log): and why the exit code is 1.
     why = f" -> exit 1 ({len(failing)} {'/'.join(args.fail_on)})" if failing else ""
-    print(_tally([d.verdict for d in deltas]) + why)
+    print(tally(d.verdict for d in deltas) + why)
     return EXIT_FOUND if failing else EXIT_OK
 
 
@@ -164,9 +141,9 @@ def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
     parts: dict[tuple[str, str], list[str]] = {}
     for g, row in groups.items():
         for b, c in row.items():
-            parts[g, b] = [_num(c.value, c.unit), f"{c.speedup:.2f}x" if c.speedup is not None else "-",
-                           f"{c.pct_of_floor:.0f}%" if c.pct_of_floor is not None else "",
-                           c.verdict if c.verdict not in ("PASS", "NEW") else ""]
+            parts[g, b] = [fmt_value(c.value, c.unit), f"{fmt_fixed(c.speedup, 2)}x" if c.speedup is not None else "-",
+                           fmt_pct(c.pct_of_floor, digits=0) if c.pct_of_floor is not None else "",
+                           c.verdict if c.verdict not in (Verdict.PASS, Verdict.NEW) else ""]
     widths = {b: [max((len(v[i]) for (g, bb), v in parts.items() if bb == b), default=0) for i in range(4)]
               for b in backends}
     rows = []
@@ -215,7 +192,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_predict(args: argparse.Namespace) -> int:
     """A TP-N ms/token from a rank's decode result and a box's allreduce latency, every term shown."""
     from moebench import predict
-    from moebench.report import aligned
 
     try:
         p = predict.predict(Path(args.decode), Path(args.allreduce), world=args.world, transport=args.transport,
@@ -226,9 +202,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.json:
         print(predict.as_json(p))
         return EXIT_OK
-    print(aligned(["term", "ms/step", "share"], p.rows()))
+    print(table(["term", "ms/step", "share"], p.rows()))
     print("\n".join(["", *p.sources()]))
-    print(f"allreduce share of the predicted TP{p.world} step: {100 * p.allreduce_share:.1f}%")
+    print(f"allreduce share of the predicted TP{p.world} step: {fmt_pct(100 * p.allreduce_share)}")
     print("assumed: " + "; ".join(predict.ASSUMPTIONS))
     return EXIT_OK
 
@@ -260,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("a", metavar="REFERENCE.json", help="results file of the reference run (--results-json; .json.gz too)")
     c.add_argument("b", metavar="CANDIDATE.json", help="results file of the run under test")
     c.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
-    c.add_argument("--fail-on", nargs="+", default=["REGRESSION"], choices=VERDICT_NAMES, metavar="VERDICT",
+    c.add_argument("--fail-on", nargs="+", default=[Verdict.REGRESSION.value], choices=VERDICT_NAMES, metavar="VERDICT",
                    help=f"verdicts that make the exit code 1 (default: REGRESSION; choices: {', '.join(VERDICT_NAMES)})")
     c.add_argument("--ignore-hardware", action="store_true",
                    help="compare runs of different hardware keys (otherwise ENV_MISMATCH, not compared)")
@@ -363,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # "Exception ignored" message from the interpreter's own flush at exit.
         sys.stdout.flush()
         return code
-    except (CliError, RunsError, BaselineError) as e:
+    except (CliError, ResultsError, BaselineError) as e:
         print(f"moebench {args.command}: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     # Before OSError, of which it is a subclass: caught after it, a closed pipe read "error: : Broken pipe".

@@ -1,7 +1,7 @@
 """`moebench baselines show|diff|promote`: read, compare and (reviewed) update baseline files.
 
-Split from moebench.cli (the parser and the other commands live there); the shared output helpers are
-imported from it.
+Split from moebench.cli (the parser and the other commands live there; case patterns and exit codes
+come from it); numbers and tables from the report layer (moebench.report).
 """
 
 from __future__ import annotations
@@ -9,11 +9,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import load_file
 from moebench.baselines.update import merge_files
-from moebench.cli import EXIT_FOUND, EXIT_OK, CliError, _check_patterns, _matcher, _num, _pct, table
-from moebench.runs import baseline_entries, parse_run, read_json
+from moebench.cli import EXIT_FOUND, EXIT_OK, CliError, _check_patterns, _matcher
+from moebench.report import fmt_pct, fmt_value, table
+from moebench.results import ResultsDoc, read_json
+from moebench.runs import baseline_entries
 
 
 def _baseline_files(path: Path) -> list[Path]:
@@ -69,8 +72,8 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
         for k in keys:
             e = doc["entries"][k]
             for name, m in sorted(e["metrics"].items()):
-                rows.append([k, name, _num(m["value"], m["unit"]), m["direction"], _pct(100 * m["rel_tol"]),
-                             _pct(100 * m["noise"]), str(m["n"]), _provenance(e["provenance"])])
+                rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"], fmt_pct(100 * m["rel_tol"]),
+                             fmt_pct(100 * m["noise"]), str(m["n"]), _provenance(e["provenance"])])
         print(table(["case", "metric", "value", "better", "rel_tol", "noise", "n", "provenance"], rows, right=(2, 4, 5, 6)))
         print()
     return EXIT_OK
@@ -84,7 +87,7 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
         hw, fam, key = k
         where = f"{hw}/{fam} {key}"
         if k not in a:
-            ms = ", ".join(f"{n} {_num(m['value'], m['unit'])}" for n, m in sorted(b[k]["metrics"].items()))
+            ms = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(b[k]["metrics"].items()))
             lines.append(f"+ {where}: {ms} ({_provenance(b[k]['provenance'])})")
             continue
         if k not in b:
@@ -95,13 +98,13 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
         for n in sorted(set(ea["metrics"]) | set(eb["metrics"])):
             ma, mb = ea["metrics"].get(n), eb["metrics"].get(n)
             if ma is None:
-                changes.append(f"{n} added {_num(mb['value'], mb['unit'])}")
+                changes.append(f"{n} added {fmt_value(mb['value'], mb['unit'])}")
             elif mb is None:
                 changes.append(f"{n} removed")
             else:
                 if ma["value"] != mb["value"]:
                     pct = 100 * (mb["value"] - ma["value"]) / ma["value"] if ma["value"] else None
-                    changes.append(f"{n} {_num(ma['value'])} -> {_num(mb['value'], mb['unit'])} ({_pct(pct, True)})")
+                    changes.append(f"{n} {fmt_value(ma['value'])} -> {fmt_value(mb['value'], mb['unit'])} ({fmt_pct(pct, signed=True)})")
                 for field in ("rel_tol", "direction", "unit"):
                     if ma[field] != mb[field]:
                         changes.append(f"{n} {field} {ma[field]} -> {mb[field]}")
@@ -133,7 +136,7 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
     if isinstance(doc, dict) and "schema_version" in doc:
         validate_file(doc, str(path))
         return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
-    run = parse_run(doc, str(path))
+    run = ResultsDoc.from_json(doc, str(path))
     verdicts = {k: c.verdict for k, c in run.cases.items()}
     return [(run.hardware_key, fam, run.fingerprint,
              {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}")
@@ -157,7 +160,7 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
         updates.append((hw, fam, fp, chosen))
         notes[hw, fam] = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
                           for k, e in sorted(entries.items())
-                          if keep(k) and e.get("_verdict") not in (None, "PASS", "NEW", "STALE")]
+                          if keep(k) and e.get("_verdict") not in (None, Verdict.PASS, Verdict.NEW, Verdict.STALE)]
         sizes[hw, fam] = (len(chosen), note)
     verb = "would promote" if args.dry_run else "promoted"
     for m in merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run):

@@ -16,18 +16,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from moebench.baselines.compare import display_rank
+from moebench.baselines.compare import Outcome, display_rank
 from moebench.baselines.store import BaselineSet
 from moebench.files import atomic_write_text
-from moebench.report import breakdowns_markdown, breakdowns_text
-from moebench.runs import Run, fmt_value, latest_runs
+from moebench.report import breakdowns_markdown, breakdowns_text, fmt_pct, fmt_value, markdown_grid, tally
+from moebench.results import ResultsDoc
+from moebench.runs import latest_runs
 
 # One colour per verdict, the same in the plots and the HTML index (colour-blind-safe-ish: red/blue differ
 # in lightness too, and every point also carries its verdict in the legend).
 VERDICT_COLOURS = {
-    "PASS": "#2ca02c", "IMPROVEMENT": "#1f77b4", "REGRESSION": "#d62728", "AMBIGUOUS": "#ff7f0e",
-    "NEW": "#7f7f7f", "STALE": "#9467bd", "ENV_MISMATCH": "#8c564b", "FAIL": "#d62728", "ERROR": "#d62728",
-    "SKIP": "#bbbbbb", "MISSING": "#bbbbbb",
+    Outcome.PASS: "#2ca02c", Outcome.IMPROVEMENT: "#1f77b4", Outcome.REGRESSION: "#d62728",
+    Outcome.AMBIGUOUS: "#ff7f0e", Outcome.NEW: "#7f7f7f", Outcome.STALE: "#9467bd", Outcome.ENV_MISMATCH: "#8c564b",
+    Outcome.FAIL: "#d62728", Outcome.ERROR: "#d62728", Outcome.SKIP: "#bbbbbb", Outcome.MISSING: "#bbbbbb",
 }
 
 
@@ -85,7 +86,7 @@ class CaseTrend:
         return self.points[-1]
 
 
-def trends(runs: list[Run], *, metric: str | None = None, baselines: dict[str, BaselineSet] | None = None) -> list[CaseTrend]:
+def trends(runs: list[ResultsDoc], *, metric: str | None = None, baselines: dict[str, BaselineSet] | None = None) -> list[CaseTrend]:
     """Collect each case's points over `runs` (oldest first). The metric is `metric` or the case's primary
     in its latest run. With `baselines` (hardware key -> BaselineSet) the stored baseline and its rel_tol
     draw the line and band; otherwise each run's own recorded baseline and the metric's rel_tol do."""
@@ -204,42 +205,30 @@ class IndexRow:
     note: str = ""
 
 
-def index_rows(case_trends: list[CaseTrend], runs: list[Run]) -> list[IndexRow]:
+def index_rows(case_trends: list[CaseTrend], runs: list[ResultsDoc]) -> list[IndexRow]:
     """Index lines, worst first: every plotted case, then what the latest run of each family on each
     hardware key (and the latest run of all) did not measure. `runs` oldest first."""
     rows = []
     for t in case_trends:
         p = t.latest
-        delta = f"{100 * (p.value - p.baseline) / p.baseline:+.1f}%" if p.baseline else "-"
-        verdict = p.verdict if t.in_latest else "MISSING"
+        delta = fmt_pct(100 * (p.value - p.baseline) / p.baseline if p.baseline else None, signed=True)
+        verdict = p.verdict if t.in_latest else Outcome.MISSING.value
         note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
         rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
                              len(t.points), t.png, note))
     newest = {id(r) for r in [*latest_runs(runs).values(), *runs[-1:]]}
-    not_measured = {str(r.get("key") or r.get("nodeid", "")): r
-                    for run in runs if id(run) in newest for r in run.not_measured}
-    for r in not_measured.values():
-        rows.append(IndexRow(str(r.get("verdict", "")), str(r.get("key") or r.get("nodeid", "")), "-", "-", "-", "-",
-                             0, None, str(r.get("note", ""))))
+    not_measured = {r.key or r.nodeid: r for run in runs if id(run) in newest for r in run.not_measured}
+    for name, r in not_measured.items():
+        rows.append(IndexRow(r.verdict, name, "-", "-", "-", "-", 0, None, r.note))
     return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key))
-
-
-def _counts(rows: list[IndexRow]) -> str:
-    tally: dict[str, int] = {}
-    for r in rows:
-        tally[r.verdict] = tally.get(r.verdict, 0) + 1
-    return ", ".join(f"{n} {v}" for v, n in tally.items()) or "no cases"
 
 
 def index_markdown(rows: list[IndexRow], title: str) -> str:
     """The index as GitHub-flavoured markdown (links relative to the index)."""
-    out = [f"# {title}", "", _counts(rows), "",
-           "| verdict | case | metric | latest | baseline | delta | runs | plot | note |",
-           "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        link = f"[png]({r.png})" if r.png else "-"
-        cells = [r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs), link, r.note]
-        out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    body = [[r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs),
+             f"[png]({r.png})" if r.png else "-", r.note] for r in rows]
+    out = [f"# {title}", "", tally(r.verdict for r in rows), ""]
+    out += markdown_grid(["verdict", "case", "metric", "latest", "baseline", "delta", "runs", "plot", "note"], body)
     return "\n".join(out) + "\n"
 
 
@@ -251,7 +240,7 @@ def index_html(rows: list[IndexRow], title: str) -> str:
         "<style>body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
         "td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}"
         "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img{width:360px}code{font-size:90%}</style>",
-        "</head><body>", f"<h1>{e(title)}</h1>", f"<p>{e(_counts(rows))}</p>",
+        "</head><body>", f"<h1>{e(title)}</h1>", f"<p>{e(tally(r.verdict for r in rows))}</p>",
         "<table><tr><th>verdict</th><th>case</th><th>metric</th><th>latest</th><th>baseline</th><th>delta</th>"
         "<th>runs</th><th>trend</th><th>note</th></tr>",
     ]
@@ -265,14 +254,7 @@ def index_html(rows: list[IndexRow], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def breakdown_cases(run: Run) -> list[dict]:
-    """A run's cases in the results-JSON shape the breakdown tables read (moebench.decode.breakdown_report)."""
-    return [{"key": c.key, "info": c.info,
-             "metrics": {n: {"value": sm.metric.value, "baseline": sm.baseline, "delta_pct": sm.delta_pct,
-                             "gated": sm.gated} for n, sm in c.metrics.items()}} for c in run.cases.values()]
-
-
-def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
+def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None,
                  baselines: dict[str, BaselineSet] | None = None, case_filter=None) -> tuple[list[IndexRow], list[Path]]:
     """Plot every case's trend into out/plots/ and write out/index.html and out/index.md.
     Returns the index rows and the files written."""
@@ -292,7 +274,7 @@ def write_report(runs: list[Run], out: Path, *, metric: str | None = None,
     title = f"moebench on {hw}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
     if latest is not None:
         title += f", latest {latest.label}"
-    cases = breakdown_cases(latest) if latest is not None else []
+    cases = list(latest.cases.values()) if latest is not None else []
     extra = breakdowns_markdown(cases, "##")
     md = index_markdown(rows, title) + (f"\n{extra}" if extra else "")
     page = index_html(rows, title).replace("</body></html>", "".join(

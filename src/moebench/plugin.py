@@ -16,12 +16,13 @@ import pytest
 
 from moebench import compat, hardware, interrupts, report
 from moebench.benchmark_tables import hide_benchmark_tables
-from moebench.baselines.compare import Verdict
+from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.metrics import Metric
 from moebench.report import failure_note
-from moebench.session import CaseResult, Row, RunState
+from moebench.results import Row
+from moebench.session import CaseResult, RunState
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
@@ -302,11 +303,11 @@ class _TestOutcomes:
         if report.skipped and report.when in ("setup", "call"):
             reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             if not any(r.nodeid == report.nodeid for r in state.rows):
-                state.add_row(Row(report.nodeid, "", "SKIP", note=reason.removeprefix("Skipped: ")))
+                state.add_row(Row(report.nodeid, "", Outcome.SKIP.value, note=reason.removeprefix("Skipped: ")))
         elif report.failed and not (report.when == "call" and self._gate_failed(report.nodeid)):
             # As pytest counts them: a failure in the test itself is FAIL, one in its setup or teardown
             # (a fixture, the environment) is ERROR.
-            state.add_row(Row(report.nodeid, "", "FAIL" if report.when == "call" else "ERROR",
+            state.add_row(Row(report.nodeid, "", (Outcome.FAIL if report.when == "call" else Outcome.ERROR).value,
                               note=failure_note(report)))
 
     def _gate_failed(self, nodeid: str) -> bool:
@@ -353,11 +354,11 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
     config = session.config
     try:
         if config.getoption("results_json"):
-            report.write_json(config.getoption("results_json"), state.results_doc())
+            report.write_json(config.getoption("results_json"), state.results_doc().to_json())
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            extra = report.breakdowns_markdown([r.to_json() for r in state.results])
+            extra = report.breakdowns_markdown([r.doc() for r in state.results])
             for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
                                               extra):
                 lines.append(f"moebench: summary written to {path}")
@@ -376,8 +377,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     if state.rows:
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
-        terminalreporter.write_line(report.counts(state.rows))
-    for text in report.breakdowns_text([r.to_json() for r in state.results]):
+        terminalreporter.write_line(report.tally(r.verdict for r in state.rows))
+    for text in report.breakdowns_text([r.doc() for r in state.results]):
         terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)

@@ -26,6 +26,8 @@ from typing import Any
 from moebench.decode import models
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
+from moebench.report import fmt_fixed, fmt_pct
+from moebench.results import CaseDoc, ResultsDoc, ResultsError, read_json
 
 ALLREDUCES_PER_LAYER = 2
 ASSUMPTIONS = (
@@ -75,7 +77,7 @@ class Prediction:
     def rows(self) -> list[list[str]]:
         """The terms as table rows: term, ms/step, share of the predicted step."""
         def row(label: str, ms: float) -> list[str]:
-            return [label, f"{ms:.3f}", f"{100 * ms / self.total_ms:.1f}%"]
+            return [label, fmt_fixed(ms), fmt_pct(100 * ms / self.total_ms)]
 
         out = [row("rank step, measured (steady ms/token)", self.rank_ms)]
         out += [row(f"  {label}", ms) for label, ms in self.breakdown.items()]
@@ -93,41 +95,44 @@ class Prediction:
 
 def read_doc(path: Path) -> Any:
     """A JSON document (gzipped or not), or PredictError naming the file."""
-    from moebench.runs import RunsError, read_json
-
     try:
         return read_json(path)
-    except RunsError as e:
+    except ResultsError as e:
         raise PredictError(str(e)) from None
 
 
-def decode_case(doc: Any, where: str, pattern: str | None = None) -> dict:
+def results(doc: Any, where: str) -> ResultsDoc:
+    """A results document, or PredictError naming the file and the field."""
+    try:
+        return ResultsDoc.from_json(doc, where)
+    except ResultsError as e:
+        raise PredictError(str(e)) from None
+
+
+def decode_case(run: ResultsDoc, pattern: str | None = None) -> CaseDoc:
     """The decode case to predict from: the one matching `pattern` (a substring of its key), else the
     one with a breakdown, else the only one."""
-    cases = [c for c in (doc.get("cases") or []) if isinstance(c, dict) and c.get("family") == "decode"] \
-        if isinstance(doc, dict) else []
-    if pattern:
-        cases = [c for c in cases if pattern in c.get("key", "")]
+    cases = [c for c in run.cases.values() if c.family == "decode" and (not pattern or pattern in c.key)]
     if not cases:
-        raise PredictError(f"{where}: no decode case" + (f" matching {pattern!r}" if pattern else "")
+        raise PredictError(f"{run.path}: no decode case" + (f" matching {pattern!r}" if pattern else "")
                            + " (a --results-json of `pytest benchmarks/ -m decode`)")
     if len(cases) == 1:
         return cases[0]
-    profiled = [c for c in cases if (c.get("info") or {}).get("breakdown")]
+    profiled = [c for c in cases if c.info.get("breakdown")]
     if len(profiled) == 1:
         return profiled[0]
-    raise PredictError(f"{where}: {len(cases)} decode cases; name one with --case "
-                       f"({', '.join(c['key'] for c in cases)})")
+    raise PredictError(f"{run.path}: {len(cases)} decode cases; name one with --case "
+                       f"({', '.join(c.key for c in cases)})")
 
 
-def model_shape(case: dict, layers: int | None, hidden: int | None) -> tuple[int, int]:
+def model_shape(case: CaseDoc, layers: int | None, hidden: int | None) -> tuple[int, int]:
     """(layers, hidden) from the overrides, else the shipped config the case ran."""
     if layers and hidden:
         return layers, hidden
-    tag = (case.get("definition") or {}).get("model")
+    tag = case.definition.get("model")
     shipped = models.shipped_models()
     if tag not in shipped:
-        raise PredictError(f"{case.get('key')}: model {tag!r} is not a config moebench ships: give --layers and --hidden")
+        raise PredictError(f"{case.key}: model {tag!r} is not a config moebench ships: give --layers and --hidden")
     cfg = models.read_config(shipped[tag])
     return layers or int(cfg["num_hidden_layers"]), hidden or int(cfg["hidden_size"])
 
@@ -137,16 +142,18 @@ def allreduce_latency(doc: Any, where: str, key: str) -> float:
     if isinstance(doc, dict) and isinstance(doc.get("entries"), dict):
         entry = doc["entries"].get(key)
         m = (entry or {}).get("metrics", {}).get("latency_us")
+        value = m.get("value") if isinstance(m, dict) else None
         have = sorted(doc["entries"])
     else:
-        cases = {c.get("key"): c for c in (doc.get("cases") or []) if isinstance(c, dict)} if isinstance(doc, dict) else {}
-        m = (cases.get(key) or {}).get("metrics", {}).get("latency_us")
-        have = sorted(k for k in cases if k and k.startswith("allreduce["))
-    if not m or not isinstance(m.get("value"), (int, float)):
+        run = results(doc, where)
+        m = run.cases[key].metrics.get("latency_us") if key in run.cases else None
+        value = m.metric.value if m is not None else None
+        have = sorted(k for k in run.cases if k.startswith("allreduce["))
+    if not isinstance(value, (int, float)):
         worlds = sorted({k.split("-w")[1].split("-")[0] for k in have if "-w" in k})
         raise PredictError(f"{where}: no {key} (its allreduce cases have worlds {', '.join(worlds) or 'none'}): "
                            "record it on the target box with `pytest benchmarks/ -m allreduce`")
-    return float(m["value"])
+    return float(value)
 
 
 def allreduce_file(path: Path) -> Path:
@@ -170,10 +177,10 @@ def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: s
         raise PredictError(f"--world {world}: tensor parallelism needs at least 2 ranks")
     if not scale > 0:
         raise PredictError(f"--allreduce-scale {scale}: must be > 0")
-    case = decode_case(read_doc(decode_path), str(decode_path), case_pattern)
-    steady = ((case.get("metrics") or {}).get("ms_per_token") or {}).get("value")
-    if not isinstance(steady, (int, float)):
-        raise PredictError(f"{decode_path}: {case.get('key')} has no ms_per_token")
+    case = decode_case(results(read_doc(decode_path), str(decode_path)), case_pattern)
+    steady = case.metrics["ms_per_token"].metric.value if "ms_per_token" in case.metrics else None
+    if steady is None:
+        raise PredictError(f"{decode_path}: {case.key} has no ms_per_token")
     n_layers, h = model_shape(case, layers, hidden)
     suffix = "" if transport == "auto" else f"-{transport}"
     if transport != "auto" and backend != "nccl":
@@ -181,16 +188,11 @@ def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: s
     ar_key = f"allreduce[{backend}-w{world}-h{h}-t1-bf16-graph{suffix}]"
     ar_path = allreduce_file(allreduce_path)
     lat = allreduce_latency(read_doc(ar_path), str(ar_path), ar_key)
-    metrics = case.get("metrics") or {}
-    parts: dict[str, float] = {}
-    for c in CATEGORIES:
-        v = (metrics.get(f"{PREFIX}{c}_ms") or {}).get("value")
-        if v:
-            parts[f"GPU: {LABELS[c]}"] = float(v)
-    gap = (metrics.get(f"{PREFIX}host_gap_ms") or {}).get("value")
-    if parts and gap is not None:
-        parts["host gap"] = float(gap)
-    return Prediction(case["key"], float(steady), n_layers, h, world, transport, ar_key, lat, str(ar_path), scale, parts)
+    values = {n: m.metric.value for n, m in case.metrics.items()}
+    parts = {f"GPU: {LABELS[c]}": values[f"{PREFIX}{c}_ms"] for c in CATEGORIES if values.get(f"{PREFIX}{c}_ms")}
+    if parts and f"{PREFIX}host_gap_ms" in values:
+        parts["host gap"] = values[f"{PREFIX}host_gap_ms"]
+    return Prediction(case.key, steady, n_layers, h, world, transport, ar_key, lat, str(ar_path), scale, parts)
 
 
 def as_json(p: Prediction) -> str:

@@ -1,15 +1,78 @@
-"""Readable output: the closing verdict table (terminal and markdown) and results JSON writing."""
+"""The report layer: number formats, tallies and tables for the terminal, markdown, `moebench` commands
+and plots, and the closing verdict table of a run (terminal and markdown) with its results JSON writing.
+
+Everything that shows a number, counts outcomes or lays out a table goes through here, so the closing
+table of `pytest`, `moebench compare|backends|baselines|report|predict` and the report's index agree.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
-from moebench.baselines.compare import display_rank
+from moebench.baselines.compare import Outcome, display_rank
 from moebench.files import atomic_write_text
-from moebench.session import Row
+from moebench.results import CaseDoc, Row
+
+
+# --- number formats -----------------------------------------------------------------------------
+
+def fmt_value(x: float | None, unit: str = "") -> str:
+    """A measured value in every table, line and plot: 4 significant digits without trailing zeros, and
+    without an exponent in the range benchmarks live in (46870 us, not 4.687e+04; 0.0123 ms); "-" for None."""
+    if x is None:
+        return "-"
+    if x == 0 or not math.isfinite(x) or not 1e-3 <= abs(x) < 1e7:
+        text = f"{x:.4g}"
+    else:
+        text = f"{x:.{max(0, 3 - math.floor(math.log10(abs(x))))}f}"
+        text = text.rstrip("0").rstrip(".") if "." in text else text
+    return f"{text} {unit}".strip()
+
+
+def fmt_pct(x: float | None, signed: bool = False, digits: int = 1) -> str:
+    """A percentage ("12.5%", "+3.0%" when signed: a change); "-" for None."""
+    return "-" if x is None else f"{x:{'+' if signed else ''}.{digits}f}%"
+
+
+def fmt_fixed(x: float | None, digits: int = 3) -> str:
+    """A fixed number of decimals, for a column of like values (ms/step of a breakdown); "-" for None."""
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+# --- tallies and tables -------------------------------------------------------------------------
+
+def tally(outcomes: Iterable[str]) -> str:
+    """'3 PASS, 1 REGRESSION' in DISPLAY_ORDER, worst first; "no cases" when there are none."""
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o] = counts.get(o, 0) + 1
+    return ", ".join(f"{counts[o]} {o}" for o in sorted(counts, key=display_rank)) or "no cases"
+
+
+def table(header: Sequence[str], body: Iterable[Sequence[str]], right: Sequence[int] = ()) -> str:
+    """Any table in fixed-width columns, a dashed line under the header; columns listed in `right` are
+    right-aligned (numbers)."""
+    data = [list(header)] + [list(r) for r in body]
+    widths = [max(len(r[i]) for r in data) for i in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(c.rjust(widths[i]) if i in right else c.ljust(widths[i]) for i, c in enumerate(r)).rstrip()
+
+    return "\n".join([line(data[0]), "  ".join("-" * w for w in widths)] + [line(r) for r in data[1:]])
+
+
+def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
+    """Any table as GitHub-flavoured markdown lines (pipes in cells escaped)."""
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+    return out
+
+
+# --- the closing verdict table ------------------------------------------------------------------
 
 # Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
 # is what the reader came for, and as the last column it only wraps.
@@ -32,15 +95,9 @@ def failure_note(rep) -> str:
     return clip(first, NOTE_WIDTH)
 
 
-def _fmt(x: float | None, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    return f"{x:.4g} {unit}".strip()
-
-
 def _cells(r: Row) -> list[str]:
-    return [r.verdict, r.key or r.nodeid, r.metric or "-", _fmt(r.value, r.unit), _fmt(r.baseline, r.unit),
-            f"{r.delta_pct:+.1f}%" if r.delta_pct is not None else "-", r.note]
+    return [r.verdict, r.key or r.nodeid, r.metric or "-", fmt_value(r.value, r.unit), fmt_value(r.baseline, r.unit),
+            fmt_pct(r.delta_pct, signed=True), r.note]
 
 
 HEADER = ["verdict", "case", "metric", "value", "baseline", "delta", "note"]
@@ -58,65 +115,37 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
     out: list[Row] = []
     skips: dict[str, list[Row]] = {}
     for r in sorted_rows(rows):
-        if r.verdict == "SKIP":
+        if r.verdict == Outcome.SKIP:
             skips.setdefault(r.note, []).append(r)
         else:
             out.append(r)
     for note, group in skips.items():
-        out.append(group[0] if len(group) == 1 else Row("", f"{len(group)} cases", "SKIP", note=note))
-    return out
-
-
-def aligned(header: list[str], body: Iterable[list[str]]) -> str:
-    """Any table in fixed-width columns for the terminal: cells clipped to CELL_WIDTH, the last column
-    (a note) to NOTE_WIDTH, a dashed line under the header."""
-    limits = [CELL_WIDTH] * (len(header) - 1) + [NOTE_WIDTH]
-    data = [[clip(cell, limits[i]) for i, cell in enumerate(row)] for row in [header] + list(body)]
-    widths = [max(len(row[i]) for row in data) for i in range(len(header))]
-    lines = []
-    for j, row in enumerate(data):
-        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip())
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
-def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
-    """Any table as GitHub-flavoured markdown lines (pipes in cells escaped)."""
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
+        out.append(group[0] if len(group) == 1 else Row("", f"{len(group)} cases", Outcome.SKIP.value, note=note))
     return out
 
 
 def text_table(rows: Iterable[Row]) -> str:
-    """The verdict table for the terminal."""
-    return aligned(HEADER, [_cells(r) for r in display_rows(rows)])
-
-
-def counts(rows: Iterable[Row]) -> str:
-    """'3 PASS, 1 REGRESSION' in severity order."""
-    tally: dict[str, int] = {}
-    for r in rows:
-        tally[r.verdict] = tally.get(r.verdict, 0) + 1
-    return ", ".join(f"{tally[v]} {v}" for v in sorted(tally, key=display_rank))
+    """The verdict table for the terminal: cells clipped to CELL_WIDTH, the note (last) to NOTE_WIDTH."""
+    limits = [CELL_WIDTH] * (len(HEADER) - 1) + [NOTE_WIDTH]
+    return table(HEADER, [[clip(c, w) for c, w in zip(_cells(r), limits)] for r in display_rows(rows)])
 
 
 def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
     """The same table as GitHub-flavoured markdown, for job summaries."""
     rows = list(rows)
-    out = [f"### {title}", "", counts(rows) or "no cases", ""]
+    out = [f"### {title}", "", tally(r.verdict for r in rows), ""]
     out += markdown_grid(HEADER, [_cells(r) for r in display_rows(rows)])
     return "\n".join(out) + "\n"
 
 
-def breakdowns_text(cases: list[dict]) -> list[str]:
+def breakdowns_text(cases: Iterable[CaseDoc]) -> list[str]:
     """The decode step breakdown of every case that has one, as terminal tables under their titles."""
     from moebench.decode.breakdown_report import HEADER, breakdown_tables
 
-    return [f"{title}\n{aligned(HEADER, rows)}" for title, rows in breakdown_tables(cases)]
+    return [f"{title}\n{table(HEADER, rows)}" for title, rows in breakdown_tables(cases)]
 
 
-def breakdowns_markdown(cases: list[dict], level: str = "####") -> str:
+def breakdowns_markdown(cases: Iterable[CaseDoc], level: str = "####") -> str:
     """The same as markdown sections ("" when no case has a breakdown)."""
     from moebench.decode.breakdown_report import HEADER, breakdown_tables
 

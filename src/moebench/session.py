@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Callable, Mapping
 
 from moebench import hardware, provenance
 from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
@@ -12,6 +12,8 @@ from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verd
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
+from moebench.report import fmt_pct
+from moebench.results import CaseDoc, MetricDoc, ResultsDoc, Row, entries_by_family
 
 
 @dataclass
@@ -43,46 +45,13 @@ class CaseResult:
     explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
     recorded: dict = field(default_factory=dict)  # what ran, stored with a baseline (decode: the engine's backends)
 
-    def to_json(self) -> dict:
-        metrics = {}
-        for name, m in self.measurement.metrics.items():
-            d = m.to_json()
-            d["gated"] = m.gated
-            c = self.comparisons.get(name)
-            if c is not None:
-                d.update(verdict=c.verdict.value, baseline=c.baseline, delta_pct=c.delta_pct,
-                         noise_band=c.noise, reason=c.reason, baseline_rel_tol=c.rel_tol)
-            metrics[name] = d
-        out = {
-            "key": self.key, "family": self.family, "nodeid": self.nodeid, "verdict": self.verdict.value,
-            "definition": self.definition, "definition_hash": self.definition_hash, "primary": self.primary,
-            "metrics": metrics, "clocks": self.measurement.clocks, "throttled": self.measurement.throttled,
-            "info": self.info, "note": self.note, "group": self.group,
-        }
-        if self.explanation:
-            out["explanation"] = self.explanation
-        if self.recorded:
-            out["recorded"] = self.recorded
-        if self.primary and self.measurement.metrics.get(self.primary) is not None:
-            out["samples"] = list(self.measurement.metrics[self.primary].samples)
-        if self.remeasured_from is not None:
-            out["first_measurement"] = {n: m.to_json() for n, m in self.remeasured_from.metrics.items()}
-        return out
-
-
-@dataclass
-class Row:
-    """One line of the closing table: a measured case, or a test that produced no measurement."""
-
-    nodeid: str
-    key: str
-    verdict: str
-    metric: str = ""
-    value: float | None = None
-    unit: str = ""
-    baseline: float | None = None
-    delta_pct: float | None = None
-    note: str = ""
+    def doc(self) -> CaseDoc:
+        """The case as the results document holds it."""
+        return CaseDoc(self.key, self.family, self.verdict.value, self.primary,
+                       {n: MetricDoc(m, self.comparisons.get(n)) for n, m in self.measurement.metrics.items()},
+                       self.info, self.group, self.definition_hash, self.measurement.throttled, self.nodeid,
+                       self.definition, self.measurement.clocks, self.note, self.explanation, self.recorded,
+                       self.remeasured_from.metrics if self.remeasured_from is not None else None)
 
 
 class RunState:
@@ -188,7 +157,7 @@ class RunState:
                 line = one_line(r.key, name, c, r.measurement.metrics[name].unit)
                 # every other metric with the same verdict is named too: the first is not always the one
                 # that explains the failure (a noisy TTFT beside a slower kernel category)
-                also = [f"{n} {oc.delta_pct:+.1f}%" for n, oc in r.comparisons.items()
+                also = [f"{n} {fmt_pct(oc.delta_pct, signed=True)}" for n, oc in r.comparisons.items()
                         if n != name and oc.verdict is r.verdict and oc.delta_pct is not None]
                 if also:
                     line += f"; also {r.verdict.value}: {', '.join(also)}"
@@ -213,28 +182,12 @@ class RunState:
     # --- baseline updates ----------------------------------------------------------------------
     def entries_by_family(self) -> dict[str, dict[str, dict]]:
         """Baseline entries for the measured cases (gated metrics only), grouped by family."""
-        prov = provenance.measured(self.fingerprint)
-        out: dict[str, dict[str, dict]] = {}
-        for r in self.results:
-            metrics = {n: m.to_json() for n, m in r.measurement.metrics.items() if m.gated}
-            if not metrics:
-                continue
-            out.setdefault(r.family, {})[r.key] = {"definition_hash": r.definition_hash, "metrics": metrics,
-                                                   "provenance": prov}
-            if r.recorded:
-                out[r.family][r.key]["recorded"] = r.recorded
-        return out
+        return entries_by_family([r.doc() for r in self.results], provenance.measured(self.fingerprint))
 
-    def results_doc(self) -> dict[str, Any]:
-        """The results JSON: every case with metrics, verdict, baseline, delta, noise; the fingerprint."""
+    def results_doc(self) -> ResultsDoc:
+        """The results document: every case with metrics, verdict, baseline, delta, noise; the fingerprint."""
         from moebench import __version__
-        from moebench.runs import RESULTS_VERSION
 
-        return {
-            "results_version": RESULTS_VERSION,
-            "moebench_version": __version__, "commit": provenance.git_commit(), "hardware_key": self.hardware_key,
-            "fingerprint": self.fingerprint, "started": self.started, "finished": hardware.now_iso(),
-            "memory_ceiling_bytes_per_s": self.ceilings,
-            "cases": [r.to_json() for r in self.results],
-            "not_measured": [vars(row) for row in self.rows if row.value is None],
-        }
+        return ResultsDoc(self.hardware_key, self.started, hardware.now_iso(), provenance.git_commit(), self.fingerprint,
+                          {r.key: r.doc() for r in self.results}, [row for row in self.rows if row.value is None],
+                          __version__, self.ceilings)

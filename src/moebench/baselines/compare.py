@@ -17,30 +17,46 @@ from moebench.metrics import Metric
 NOISE_FACTOR = 2.0
 
 
-class Verdict(str, enum.Enum):
-    """Outcome for one metric or one case; ordered by severity (see SEVERITY)."""
+class Outcome(str, enum.Enum):
+    """Every outcome a row of a table can read, declared worst first: this declaration is the one order
+    that every table, tally and plot shows outcomes in (DISPLAY_ORDER), and the gate's verdicts' severity
+    (SEVERITY). The gate's own verdicts (Verdict) are among them under the same names; the others are a
+    test's own outcomes and a comparison's MISSING. JSON stores the values."""
 
-    PASS = "PASS"
-    IMPROVEMENT = "IMPROVEMENT"
-    NEW = "NEW"
-    AMBIGUOUS = "AMBIGUOUS"
-    ENV_MISMATCH = "ENV_MISMATCH"
+    REGRESSION = "REGRESSION"      # the gate: worse than tolerance and outside noise
+    FAIL = "FAIL"                  # the test failed otherwise: an assert, pytest.fail, an exception
+    ERROR = "ERROR"                # its setup or teardown failed (a fixture, the environment)
+    MISSING = "MISSING"            # in the reference run, not in the candidate (moebench compare, report)
     STALE = "STALE"
-    REGRESSION = "REGRESSION"
+    ENV_MISMATCH = "ENV_MISMATCH"
+    AMBIGUOUS = "AMBIGUOUS"
+    NEW = "NEW"
+    IMPROVEMENT = "IMPROVEMENT"
+    PASS = "PASS"
+    SKIP = "SKIP"                  # could not run here; the reason names what is missing
 
 
-SEVERITY = {v: i for i, v in enumerate(Verdict)}
+class Verdict(str, enum.Enum):
+    """The gate's outcome for one metric or one case: the Outcomes compare_metric gives, under the same
+    names and values (declared in Outcome's order; their severity is SEVERITY, read from Outcome)."""
 
-# The one order every table, tally and plot shows outcomes in, worst first: the gate's verdicts by
-# SEVERITY, with a test's own outcomes (FAIL: its body failed; ERROR: its setup or teardown did) and a
-# compare's MISSING (in the reference run, not in the candidate) after REGRESSION, and SKIP last.
-DISPLAY_ORDER = ("REGRESSION", "FAIL", "ERROR", "MISSING",
-                 *(v.value for v in sorted(Verdict, key=SEVERITY.__getitem__, reverse=True) if v is not Verdict.REGRESSION),
-                 "SKIP")
+    REGRESSION = Outcome.REGRESSION.value
+    STALE = Outcome.STALE.value
+    ENV_MISMATCH = Outcome.ENV_MISMATCH.value
+    AMBIGUOUS = Outcome.AMBIGUOUS.value
+    NEW = Outcome.NEW.value
+    IMPROVEMENT = Outcome.IMPROVEMENT.value
+    PASS = Outcome.PASS.value
+
+
+DISPLAY_ORDER: tuple[Outcome, ...] = tuple(Outcome)
+# Higher is more severe (PASS lowest): the case verdict is its metrics' most severe.
+SEVERITY = {v: len(DISPLAY_ORDER) - DISPLAY_ORDER.index(Outcome(v.value)) for v in Verdict}
 
 
 def display_rank(outcome: str) -> int:
-    """Where an outcome sorts in DISPLAY_ORDER (an unknown one first: it needs a look)."""
+    """Where an outcome (an Outcome, a Verdict or its JSON string) sorts in DISPLAY_ORDER (an unknown one
+    first: it needs a look)."""
     return DISPLAY_ORDER.index(outcome) if outcome in DISPLAY_ORDER else -1
 
 
@@ -147,14 +163,15 @@ def failing(verdict: Verdict, *, strict: bool) -> bool:
 
 def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
     """The single line a regressed test fails with: case, metric, value, baseline, delta, tolerance, noise."""
+    from moebench.report import fmt_pct, fmt_value  # here, not above: the report layer imports this module
+
     delta = c.delta_pct
-    u = f" {unit}" if unit else ""
     parts = [
-        f"{c.verdict.value} {case_key} {metric}: {c.value:.4g}{u}",
-        f"baseline {c.baseline:.4g}{u}" if c.baseline is not None else "no baseline",
-        f"delta {delta:+.1f}%" if delta is not None else "",
-        f"tolerance {100 * c.rel_tol:.1f}%" if c.rel_tol is not None else "",
-        f"noise {100 * c.noise:.1f}%" if c.noise is not None else "",
+        f"{c.verdict.value} {case_key} {metric}: {fmt_value(c.value, unit)}",
+        f"baseline {fmt_value(c.baseline, unit)}" if c.baseline is not None else "no baseline",
+        f"delta {fmt_pct(delta, signed=True)}" if delta is not None else "",
+        f"tolerance {fmt_pct(100 * c.rel_tol)}" if c.rel_tol is not None else "",
+        f"noise {fmt_pct(100 * c.noise)}" if c.noise is not None else "",
     ]
     return ", ".join(p for p in parts if p)
 

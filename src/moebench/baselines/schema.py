@@ -28,7 +28,7 @@ path of the entry and field; several problems come as one block under a line tha
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from moebench.hardware import KEY_RULE, is_key
 from moebench.metrics import DIRECTIONS, Metric
@@ -68,6 +68,30 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# A stored metric's fields: name -> (the test a value passes, what a good value is). A results file holds
+# the same record (Metric.to_json), so moebench.results checks direction, noise and n by these rules
+# too; value, unit and rel_tol it checks its own way: a baseline stores only gated times and rates (> 0,
+# with a reviewed tolerance), a results file informational metrics as well (a 0 ms host gap, a NaN % of
+# an unknown floor).
+Rule = tuple[Callable[[Any], bool], str]
+METRIC_RULES: dict[str, Rule] = {
+    "value": (lambda x: _is_number(x) and x > 0, "must be a finite number > 0 (a time or a rate)"),
+    "unit": (lambda x: isinstance(x, str) and bool(x), "must be a non-empty string"),
+    "direction": (lambda x: x in DIRECTIONS, "must be 'lower' or 'higher'"),
+    "rel_tol": (lambda x: _is_number(x) and 0 < x <= 1, "must be a fraction in (0, 1] (0.05 is 5%)"),
+    "noise": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
+    "n": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1, "must be an integer >= 1"),
+}
+
+
+def check_fields(m: Mapping[str, Any], rules: Mapping[str, Rule], path: str,
+                 need: Callable[[bool, str, str], object]) -> None:
+    """Test each field of `m` that `rules` names: need(passed, "<path>.<field>", "<what>, got <value>")."""
+    for key, (ok, what) in rules.items():
+        if key in m:
+            need(ok(m[key]), f"{path}.{key}", f"{what}, got {m[key]!r}")
+
+
 def _check_metric(p: _Problems, m: Any, path: str) -> bool:
     """Record every problem of one stored metric; True when there is none."""
     if not p.need(isinstance(m, dict), path, "must be an object"):
@@ -75,23 +99,7 @@ def _check_metric(p: _Problems, m: Any, path: str) -> bool:
     before = len(p.lines)
     for key in METRIC_FIELDS:
         p.need(key in m, f"{path}.{key}", "missing")
-    if "value" in m:
-        p.need(_is_number(m["value"]) and m["value"] > 0, f"{path}.value",
-               f"must be a finite number > 0 (a time or a rate), got {m['value']!r}")
-    if "unit" in m:
-        p.need(isinstance(m["unit"], str) and bool(m["unit"]), f"{path}.unit", "must be a non-empty string")
-    if "direction" in m:
-        p.need(m["direction"] in DIRECTIONS, f"{path}.direction",
-               f"must be 'lower' or 'higher', got {m['direction']!r}")
-    if "rel_tol" in m:
-        p.need(_is_number(m["rel_tol"]) and 0 < m["rel_tol"] <= 1, f"{path}.rel_tol",
-               f"must be a fraction in (0, 1] (0.05 is 5%), got {m['rel_tol']!r}")
-    if "noise" in m:
-        p.need(_is_number(m["noise"]) and m["noise"] >= 0, f"{path}.noise",
-               f"must be a number >= 0, got {m['noise']!r}")
-    if "n" in m:
-        p.need(isinstance(m["n"], int) and not isinstance(m["n"], bool) and m["n"] >= 1, f"{path}.n",
-               f"must be an integer >= 1, got {m['n']!r}")
+    check_fields(m, METRIC_RULES, path, p.need)
     return len(p.lines) == before
 
 

@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 from moebench.baselines.schema import SCHEMA_VERSION, BaselineError, validate_file, validate_metric
 from moebench.hardware import KEY_RULE, is_key
 from moebench.metrics import Metric
+from moebench.report import fmt_pct, fmt_value
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
@@ -207,14 +208,15 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
             for name, m in sorted(entry["metrics"].items()):
                 before = old.get("metrics", {}).get(name, {}).get("value")
                 if before is None:
-                    changes.append(f"  + {key} {name}: {m['value']:.4g} {m['unit']}")
+                    changes.append(f"  + {key} {name}: {fmt_value(m['value'], m['unit'])}")
                 elif before != m["value"]:
                     pct = 100.0 * (m["value"] - before) / before if before else float("nan")
-                    changes.append(f"  ~ {key} {name}: {before:.4g} -> {m['value']:.4g} {m['unit']} ({pct:+.1f}%)")
+                    changes.append(f"  ~ {key} {name}: {fmt_value(before)} -> {fmt_value(m['value'], m['unit'])} "
+                                   f"({fmt_pct(pct, signed=True)})")
             if old.get("definition_hash") != entry["definition_hash"]:
                 changes.append(f"  ~ {key}: case definition changed (was STALE)")
         else:
-            summary = ", ".join(f"{n} {m['value']:.4g} {m['unit']}" for n, m in sorted(entry["metrics"].items()))
+            summary = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(entry["metrics"].items()))
             changes.append(f"  + {key} ({summary})")
         out["entries"][key] = entry
     out["fingerprint"] = fingerprint

@@ -17,6 +17,7 @@ from typing import Mapping
 from moebench.decode.categories import CATEGORIES, LABELS, category
 from moebench.decode.trace import Steps, busy_us
 from moebench.metrics import Metric, relative_spread
+from moebench.report import fmt_pct, fmt_value
 
 PREFIX = "step_"  # metric names: step_<category>_ms, step_gpu_busy_ms, step_host_gap_ms
 UNIT = "ms"
@@ -104,7 +105,8 @@ def moved_most(measured: Mapping[str, Metric], baselines: Mapping[str, float | N
             continue
         grew = m.value - base
         if best is None or grew > best[0]:
-            best = (grew, f"{LABELS[c]} {100 * grew / base:+.1f}%: {base:.3g} -> {m.value:.3g} ms/step")
+            best = (grew, f"{LABELS[c]} {fmt_pct(100 * grew / base, signed=True)}: {fmt_value(base)} -> "
+                          f"{fmt_value(m.value, 'ms/step')}")
     return best[1] if best else None
 
 

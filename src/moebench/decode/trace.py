@@ -60,11 +60,11 @@ class Steps:
 
 def load_events(path: Path | str) -> list[dict]:
     """The trace's event list. Raises TraceError naming the file when it is not a Chrome trace."""
-    from moebench.runs import RunsError, read_json
+    from moebench.results import ResultsError, read_json
 
     try:
         doc = read_json(path)
-    except RunsError as e:
+    except ResultsError as e:
         raise TraceError(f"{path}: not a readable profiler trace: {str(e).removeprefix(f'{path}: ')}") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else doc
     if not isinstance(events, list):

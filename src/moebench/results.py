@@ -1,0 +1,353 @@
+"""The results document (`--results-json`): one typed model, written by the run and read by every command.
+
+The session builds a ResultsDoc (`RunState.results_doc()`) and the plugin writes its `to_json()`;
+`moebench compare|backends|report|predict|baselines promote` read files back through
+`ResultsDoc.from_json` (`runs.load_run` for a path). The document:
+
+- top level: `results_version`, `moebench_version`, `commit`, `hardware_key`, `fingerprint`, `started`,
+  `finished`, `memory_ceiling_bytes_per_s`, `cases` (CaseDoc), `not_measured` (Row: the tests that ended
+  without a measurement: skips, failures, errors)
+- a case: `key`, `family`, `nodeid`, `verdict`, `definition`, `definition_hash`, `primary`, `metrics`
+  (MetricDoc), `clocks`, `throttled`, `info`, `note`, `group`; `explanation` and `recorded` when set;
+  `samples` (the primary metric's); `first_measurement` when a suspected regression was measured again
+- a metric: `Metric.to_json()` (`value`, `unit`, `direction`, `noise`, `n`, `rel_tol`) and `gated`; when
+  the run compared it with a baseline also `verdict`, `baseline`, `delta_pct`, `noise_band`, `reason`,
+  `baseline_rel_tol`
+
+Older files load: a file without `results_version` is version 1, and a field a file does not have reads
+as its default. A newer version is refused. Every problem is a ResultsError whose message is one line
+naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterable
+
+from moebench.baselines.compare import Comparison, Outcome, Verdict
+from moebench.baselines.schema import METRIC_RULES, check_fields
+from moebench.metrics import Metric
+
+# The document's version: 1 is the first (files from before the field existed read as 1). A change that
+# an older reader would misread raises it; from_json refuses versions above it.
+RESULTS_VERSION = 1
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+class ResultsError(ValueError):
+    """A results file that cannot be used; the message is one line naming the file and the field."""
+
+
+def _need(cond: bool, where: str, path: str, what: str) -> None:
+    if not cond:
+        raise ResultsError(f"{where}: {path}: {what}")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+_KINDS = {str: "a string", dict: "an object", list: "a list", bool: "true or false", float: "a number"}
+
+
+def _get(d: dict, name: str, kind: type, default: Any, where: str, path: str) -> Any:
+    """d[name] when it is of `kind` (float: any number), `default` when absent or null; otherwise a
+    ResultsError naming the field."""
+    x = d.get(name)
+    if x is None:
+        return default
+    ok = _number(x) if kind is float else isinstance(x, kind)
+    _need(ok, where, f"{path}.{name}" if path else name, f"must be {_KINDS[kind]}, got {x!r}")
+    return float(x) if kind is float else x
+
+
+def _outcome(x: Any, allowed: type, where: str, path: str) -> str:
+    """An outcome field: one of `allowed`'s values (Verdict for what the gate said, Outcome for a row)."""
+    values = [o.value for o in allowed]
+    _need(x in values, where, path, f"must be one of {', '.join(values)}, got {x!r}")
+    return str(x)
+
+
+# A results file's value, unit and rel_tol rules (see schema.METRIC_RULES for why they differ from a
+# baseline's); a gated value must also be finite, which from_json checks with the `gated` field.
+_RULES = {**METRIC_RULES,
+          "value": (_number, "must be a number"),
+          "unit": (lambda x: isinstance(x, str), "must be a string"),
+          "rel_tol": (lambda x: _number(x) and x >= 0, "must be a number >= 0")}
+
+
+def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ...] = ()) -> Metric:
+    _need(isinstance(d, dict), where, path, "must be an object")
+    for k in ("value", "unit", "direction"):
+        _need(k in d, where, f"{path}.{k}", "missing")
+    check_fields(d, _RULES, path, lambda ok, p, what: _need(ok, where, p, what))
+    value = float(d["value"])
+    _need(math.isfinite(value) or not gated, where, f"{path}.value",
+          f"a gated metric must be a finite number, got {value!r}")
+    return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
+                  float(d.get("rel_tol", 0.05)), gated, samples)
+
+
+@dataclass(frozen=True)
+class MetricDoc:
+    """A metric of a case: what was measured, and the run's own comparison of it with its baseline (None:
+    not compared: informational, or the run had no comparison to make). A comparison read back has no
+    `worse` (the file does not hold it); its delta_pct is computed as when it was written."""
+
+    metric: Metric
+    comparison: Comparison | None = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the metric is compared with a baseline (not derived or informational)."""
+        return self.metric.gated
+
+    @property
+    def verdict(self) -> str | None:
+        """The run's verdict for this metric (a Verdict's value), None when not compared."""
+        return self.comparison.verdict.value if self.comparison else None
+
+    @property
+    def baseline(self) -> float | None:
+        """The baseline value the run compared with."""
+        return self.comparison.baseline if self.comparison else None
+
+    @property
+    def delta_pct(self) -> float | None:
+        """The change against that baseline, in percent."""
+        return self.comparison.delta_pct if self.comparison else None
+
+    def to_json(self) -> dict:
+        """The metric as the results file holds it."""
+        d = self.metric.to_json() | {"gated": self.metric.gated}
+        c = self.comparison
+        if c is not None:
+            d.update(verdict=c.verdict.value, baseline=c.baseline, delta_pct=c.delta_pct, noise_band=c.noise,
+                     reason=c.reason, baseline_rel_tol=c.rel_tol)
+        return d
+
+    @classmethod
+    def from_json(cls, d: Any, where: str, path: str, samples: tuple[float, ...] = ()) -> MetricDoc:
+        """Read one metric; ResultsError names the field at fault."""
+        _need(isinstance(d, dict), where, path, "must be an object")
+        metric = _metric(d, where, path, _get(d, "gated", bool, True, where, path), samples)
+        _get(d, "delta_pct", float, None, where, path)  # checked, not kept: computed from value and baseline
+        if d.get("verdict") is None:
+            return cls(metric)
+        verdict = Verdict(_outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
+        baseline, rel_tol, noise = (_get(d, k, float, None, where, path)
+                                    for k in ("baseline", "baseline_rel_tol", "noise_band"))
+        return cls(metric, Comparison(verdict, metric.value, baseline, None, rel_tol, noise,
+                                      _get(d, "reason", str, "", where, path)))
+
+
+@dataclass
+class CaseDoc:
+    """One measured case of a run."""
+
+    key: str
+    family: str
+    verdict: str  # a Verdict's value
+    primary: str | None
+    metrics: dict[str, MetricDoc]
+    info: dict = field(default_factory=dict)
+    group: str | None = None
+    definition_hash: str = ""
+    throttled: bool = False
+    nodeid: str = ""
+    definition: dict = field(default_factory=dict)
+    clocks: dict = field(default_factory=dict)
+    note: str = ""
+    explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
+    recorded: dict = field(default_factory=dict)  # what ran (decode: the engine's backends)
+    first_measurement: dict[str, Metric] | None = None  # the measurement a suspected regression replaced
+
+    @property
+    def backend(self) -> str | None:
+        """The backend axis of the case (`info["backend"]`), when the family records one."""
+        b = self.info.get("backend")
+        return str(b) if b is not None else None
+
+    def to_json(self) -> dict:
+        """The case as the results file holds it."""
+        out = {"key": self.key, "family": self.family, "nodeid": self.nodeid, "verdict": self.verdict,
+               "definition": self.definition, "definition_hash": self.definition_hash, "primary": self.primary,
+               "metrics": {n: m.to_json() for n, m in self.metrics.items()}, "clocks": self.clocks,
+               "throttled": self.throttled, "info": self.info, "note": self.note, "group": self.group}
+        if self.explanation:
+            out["explanation"] = self.explanation
+        if self.recorded:
+            out["recorded"] = self.recorded
+        if self.primary and self.primary in self.metrics:
+            out["samples"] = list(self.metrics[self.primary].metric.samples)
+        if self.first_measurement is not None:
+            out["first_measurement"] = {n: m.to_json() for n, m in self.first_measurement.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, c: Any, where: str, path: str) -> CaseDoc:
+        """Read one case (`path` names it until its key is known); ResultsError names the field at fault."""
+        _need(isinstance(c, dict), where, path, "must be an object")
+        _need(isinstance(c.get("key"), str) and bool(c["key"]), where, f"{path}.key", "missing")
+        path = f"cases[{c['key']!r}]"
+        _need(isinstance(c.get("metrics"), dict), where, f"{path}.metrics", "must be an object")
+        verdict = _outcome(c.get("verdict"), Verdict, where, f"{path}.verdict")
+        primary = _get(c, "primary", str, None, where, path)
+        _need(primary is None or primary in c["metrics"], where, f"{path}.primary",
+              f"names {primary!r}, which is not among its metrics")
+        samples = _get(c, "samples", list, [], where, path)
+        _need(all(_number(s) and math.isfinite(s) for s in samples), where, f"{path}.samples",
+              "must be finite numbers")
+        metrics = {n: MetricDoc.from_json(m, where, f"{path}.metrics.{n}", tuple(samples) if n == primary else ())
+                   for n, m in c["metrics"].items()}
+        first = _get(c, "first_measurement", dict, None, where, path)
+        if first is not None:  # stored without `gated`: read as informational, so a NaN % does not refuse it
+            first = {n: _metric(m, where, f"{path}.first_measurement.{n}", False) for n, m in first.items()}
+        return cls(c["key"], _get(c, "family", str, "", where, path), verdict, primary, metrics,
+                   _get(c, "info", dict, {}, where, path), _get(c, "group", str, None, where, path),
+                   _get(c, "definition_hash", str, "", where, path), _get(c, "throttled", bool, False, where, path),
+                   _get(c, "nodeid", str, "", where, path), _get(c, "definition", dict, {}, where, path),
+                   _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
+                   _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first)
+
+    def baseline_entry(self, provenance: dict) -> dict | None:
+        """The case as a baseline entry (gated metrics only, with `provenance`), None when it has no
+        gated metric: what --baseline-update and `moebench baselines promote` store."""
+        metrics = {n: m.metric.to_json() for n, m in self.metrics.items() if m.gated}
+        if not metrics:
+            return None
+        entry = {"definition_hash": self.definition_hash, "metrics": metrics, "provenance": dict(provenance)}
+        if self.recorded:
+            entry["recorded"] = self.recorded
+        return entry
+
+
+@dataclass
+class Row:
+    """One line of the closing table: a measured case (the metric that decided its verdict), or a test
+    that produced no measurement (an Outcome: SKIP, FAIL, ERROR, or an ENV_MISMATCH figure of other
+    hardware). The rows without a value are the document's `not_measured`."""
+
+    nodeid: str
+    key: str
+    verdict: str  # an Outcome's value
+    metric: str = ""
+    value: float | None = None
+    unit: str = ""
+    baseline: float | None = None
+    delta_pct: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        """The row as `not_measured` holds it."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, r: Any, where: str, path: str) -> Row:
+        """Read one row; ResultsError names the field at fault."""
+        _need(isinstance(r, dict), where, path, "must be an object")
+        kinds = {f.name: float if f.name in ("value", "baseline", "delta_pct") else str for f in fields(cls)}
+        values = {n: _get(r, n, k, None if k is float else "", where, path) for n, k in kinds.items()}
+        return cls(**values | {"verdict": _outcome(r.get("verdict"), Outcome, where, f"{path}.verdict")})
+
+
+@dataclass
+class ResultsDoc:
+    """One run's results document. `path` is where it was read from (messages name it); it is not part
+    of the document."""
+
+    hardware_key: str
+    started: str
+    finished: str
+    commit: str
+    fingerprint: dict
+    cases: dict[str, CaseDoc]
+    not_measured: list[Row] = field(default_factory=list)
+    moebench_version: str = ""
+    memory_ceiling_bytes_per_s: dict[str, float] = field(default_factory=dict)
+    path: str = ""
+
+    @property
+    def label(self) -> str:
+        """'2026-11-29 22:04 10e9d2c' for tables and plot annotations."""
+        return f"{self.started[:16].replace('T', ' ')} {self.commit[:7]}".strip()
+
+    def to_json(self) -> dict:
+        """The document as the results file holds it, at this moebench's RESULTS_VERSION."""
+        return {"results_version": RESULTS_VERSION, "moebench_version": self.moebench_version, "commit": self.commit,
+                "hardware_key": self.hardware_key, "fingerprint": self.fingerprint, "started": self.started,
+                "finished": self.finished, "memory_ceiling_bytes_per_s": self.memory_ceiling_bytes_per_s,
+                "cases": [c.to_json() for c in self.cases.values()],
+                "not_measured": [r.to_json() for r in self.not_measured]}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> ResultsDoc:
+        """Validate a results document (already parsed from JSON); `where` names the file in messages."""
+        _need(isinstance(doc, dict), where, "(top level)", "must be a JSON object (a moebench --results-json file)")
+        for k in ("hardware_key", "started", "cases"):
+            _need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
+        version = doc.get("results_version", 1)
+        _need(type(version) is int and 1 <= version <= RESULTS_VERSION, where, "results_version",
+              f"this moebench reads versions 1..{RESULTS_VERSION}, got {version!r} (a newer moebench wrote it)")
+        _need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
+        _need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
+              f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")
+        _need(isinstance(doc["cases"], list), where, "cases", "must be a list")
+        cases: dict[str, CaseDoc] = {}
+        for i, c in enumerate(doc["cases"]):
+            case = CaseDoc.from_json(c, where, f"cases[{i}]")
+            _need(case.key not in cases, where, f"cases[{case.key!r}]", "appears twice")
+            cases[case.key] = case
+        rows = [Row.from_json(r, where, f"not_measured[{i}]")
+                for i, r in enumerate(_get(doc, "not_measured", list, [], where, ""))]
+        # An older file may lack `finished` or `commit`: the start and "unknown" stand in.
+        return cls(doc["hardware_key"], doc["started"], str(doc.get("finished") or doc["started"]),
+                   str(doc.get("commit") or "unknown"), _get(doc, "fingerprint", dict, {}, where, ""), cases, rows,
+                   str(doc.get("moebench_version") or ""),
+                   _get(doc, "memory_ceiling_bytes_per_s", dict, {}, where, ""), where)
+
+
+def _iso(s: str) -> bool:
+    try:
+        datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        return False
+    return True
+
+
+def entries_by_family(cases: Iterable[CaseDoc], provenance: dict, where: str = "") -> dict[str, dict[str, dict]]:
+    """Cases as baseline entries, {family: {key: entry}} (see CaseDoc.baseline_entry); a case with gated
+    metrics but no family or definition hash (an older file) is a ResultsError naming `where`."""
+    out: dict[str, dict[str, dict]] = {}
+    for c in cases:
+        entry = c.baseline_entry(provenance)
+        if entry is None:
+            continue
+        _need(bool(c.family), where, f"cases[{c.key!r}].family", "missing")
+        _need(bool(c.definition_hash), where, f"cases[{c.key!r}].definition_hash", "missing")
+        out.setdefault(c.family, {})[c.key] = entry
+    return out
+
+
+def read_json(path: str | Path) -> Any:
+    """The parsed JSON of a file, plain or gzip-compressed (lent-machine runs keep results as `.json.gz`;
+    told apart by the gzip magic bytes, not the name). Raises ResultsError in one line."""
+    where = str(path)
+    try:
+        data = Path(path).read_bytes()
+        if data[:2] == _GZIP_MAGIC:
+            data = gzip.decompress(data)
+        text = data.decode("utf-8")
+    except FileNotFoundError:
+        raise ResultsError(f"{where}: no such file") from None
+    except (OSError, EOFError, UnicodeDecodeError) as e:  # gzip.BadGzipFile is an OSError; a cut-off one, EOFError
+        raise ResultsError(f"{where}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ResultsError(f"{where}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
