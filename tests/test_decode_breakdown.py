@@ -182,3 +182,13 @@ def test_the_breakdown_table_shows_each_category_against_its_baseline():
     assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]
     assert "communication" not in {r[0].split(" (")[0] for r in rows}  # no kernel, no row
     assert by_name["host gap (step - GPU busy)"][1] == "0.115"  # 0.2 - 0.0855
+
+
+def test_a_category_tolerance_overrides_the_scenarios_default_for_that_category_only():
+    from moebench.decode.breakdown import Breakdown
+    from moebench.decode.categories import CATEGORIES
+
+    b = Breakdown(steps=4, source="annotations", per_step_ms={c: [1.0, 1.0, 1.0, 1.0] for c in CATEGORIES},
+                  busy_ms=[5.0] * 4)
+    m = breakdown_metrics(b, 6.0, ("attention", "norms_elementwise"), 0.05, {"norms_elementwise": 0.2})
+    assert m["step_norms_elementwise_ms"].rel_tol == 0.2 and m["step_attention_ms"].rel_tol == 0.05

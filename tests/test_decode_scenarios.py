@@ -4,6 +4,7 @@ and the engine command lines built from a case."""
 from __future__ import annotations
 
 import argparse
+import re
 import json
 import subprocess
 import sys
@@ -305,3 +306,13 @@ def test_a_hook_that_did_not_take_over_fails_the_case():
     assert check_choices(case, {"moe": ["Marlin (WNA16 MoE)", "moebench_w4 (WNA16 MoE)"]}) == ""
     with pytest.raises(EngineError, match="pins 'moebench_w4' but the engine used Marlin"):
         check_choices(case, {"moe": ["Marlin (WNA16 MoE)"], "lines": []})
+
+
+def test_a_category_can_carry_its_own_tolerance():
+    s = _scenario(gate_categories=["attention", "norms_elementwise"], profile_steps=8,
+                  rel_tol_categories={"norms_elementwise": 0.2})
+    assert dict(s.rel_tol_categories) == {"norms_elementwise": 0.2} and s.rel_tol_category == 0.05
+    for bad, needle in (({"experts": 0.2}, "unknown experts"), ({"attention": 2}, "tolerances must be numbers in (0, 1]"),
+                        ("0.2", "must be a table")):
+        with pytest.raises(ScenarioError, match=re.escape(needle)):
+            _scenario(rel_tol_categories=bad)

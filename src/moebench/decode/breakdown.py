@@ -69,16 +69,20 @@ def breakdown(steps: Steps) -> Breakdown:
     return Breakdown(steps.count, steps.source, per_step, busy, top)
 
 
-def breakdown_metrics(b: Breakdown, steady_ms: float, gated: tuple[str, ...], rel_tol: float) -> dict[str, Metric]:
-    """Metrics of a breakdown: step_<category>_ms per category (gated for the categories in `gated`),
-    step_gpu_busy_ms and step_host_gap_ms (informational). Per-step spread is the noise when steps were
-    told apart; for a window average (no step annotations) it is unknown, so the category is not gated."""
+def breakdown_metrics(b: Breakdown, steady_ms: float, gated: tuple[str, ...], rel_tol: float,
+                      rel_tols: Mapping[str, float] | None = None) -> dict[str, Metric]:
+    """Metrics of a breakdown: step_<category>_ms per category (gated for the categories in `gated`, at
+    rel_tols[category] where given, else rel_tol), step_gpu_busy_ms and step_host_gap_ms (informational).
+    Per-step spread is the noise when steps were told apart; for a window average (no step annotations)
+    it is unknown, so the category is not gated."""
+    rel_tols = rel_tols or {}
     by_steps = b.source == "annotations"
     out: dict[str, Metric] = {}
     for c in CATEGORIES:
         xs = b.per_step_ms[c]
         out[f"{PREFIX}{c}_ms"] = Metric(b.mean_ms(c), UNIT, "lower", noise=relative_spread(xs) if by_steps else 0.0,
-                                        n=b.steps, rel_tol=rel_tol, gated=by_steps and c in gated and b.mean_ms(c) > 0)
+                                        n=b.steps, rel_tol=rel_tols.get(c, rel_tol),
+                                        gated=by_steps and c in gated and b.mean_ms(c) > 0)
     out[f"{PREFIX}gpu_busy_ms"] = Metric(b.gpu_busy_ms, UNIT, "lower", noise=relative_spread(b.busy_ms), n=b.steps,
                                          gated=False)
     # May be negative by a little: the profiled trial's kernels are timed under the profiler.

@@ -243,7 +243,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         metrics["engine_start_s"] = Metric(run.start_s, "s", "lower", gated=False)
         if run.breakdown is not None:
             metrics.update(breakdown_metrics(run.breakdown, metrics["ms_per_token"].value, s.gate_categories,
-                                             s.rel_tol_category))
+                                             s.rel_tol_category, dict(s.rel_tol_categories)))
         return run, metrics
 
     def measure() -> dict[str, Metric]:

@@ -87,6 +87,7 @@ class Scenario:
     profile_steps: int = 0
     gate_categories: tuple[str, ...] = ()
     rel_tol_category: float = 0.05
+    rel_tol_categories: tuple[tuple[str, float], ...] = ()  # per-category overrides of rel_tol_category
     engine_instances: int = 1
     server_command: tuple[str, ...] = ()
     server_args: tuple[str, ...] = ()
@@ -302,6 +303,14 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
             kw[f] = _str_list(raw[f], f"{w}: {f}")
     unknown_cats = sorted(set(kw.get("gate_categories", ())) - set(CATEGORIES))
     _want(not unknown_cats, f"{w}: gate_categories", f"unknown {', '.join(unknown_cats)} (known: {', '.join(CATEGORIES)})")
+    if "rel_tol_categories" in raw:
+        t, wt = raw["rel_tol_categories"], f"{w}: rel_tol_categories"
+        _want(isinstance(t, dict), wt, f"must be a table of category = tolerance, got {_kind(t)}")
+        bad = sorted(set(t) - set(CATEGORIES))
+        _want(not bad, wt, f"unknown {', '.join(bad)} (known: {', '.join(CATEGORIES)})")
+        _want(all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v <= 1 for v in t.values()), wt,
+              f"tolerances must be numbers in (0, 1], got {t}")
+        kw["rel_tol_categories"] = tuple(sorted((k, float(v)) for k, v in t.items()))
     for f in ("engine_kwargs", "env"):
         if f in raw:
             _want(isinstance(raw[f], dict), f"{w}: {f}", f"must be a table, got {_kind(raw[f])}")
