@@ -10,7 +10,10 @@ from __future__ import annotations
 import collections
 import copy
 import json
+import multiprocessing
+import os
 import tomllib
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -235,3 +238,30 @@ class FakeBench:
 @pytest.fixture
 def fakebench(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> FakeBench:
     return FakeBench(pytester, monkeypatch)
+
+
+def _interpreter_on() -> bool:
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
+
+
+@pytest.fixture(scope="module")
+def interp():
+    """Runs fn(*args) in a worker whose triton was imported with TRITON_INTERPRET=1.
+
+    Triton builds its own language helpers (tl.zeros, tl.sum, ...) for the interpreter only if the
+    variable is set before triton is first imported, and flipping it in this process would break other
+    tests' GPU kernels; so Triton kernels run in one spawned worker per test module."""
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+        assert pool.submit(_interpreter_on).result(timeout=120), "worker did not start in interpreter mode"
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    yield lambda fn, *args: pool.submit(fn, *args).result(timeout=300)
+    pool.shutdown()

@@ -11,11 +11,9 @@ the numbers it returns. Format, routing and config tests run in-process.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,27 +28,7 @@ PKG = "moebench.gemm.triton_moe"
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
-def _interpreter_on() -> bool:
-    import triton
-
-    return bool(triton.knobs.runtime.interpret)
-
-
-@pytest.fixture(scope="module")
-def interp():
-    """Runs fn(*args) in a worker whose triton was imported with TRITON_INTERPRET=1."""
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        assert pool.submit(_interpreter_on).result(timeout=120), "worker did not start in interpreter mode"
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    yield lambda fn, *args: pool.submit(fn, *args).result(timeout=300)
-    pool.shutdown()
+from conftest import _interpreter_on  # noqa: E402
 
 
 E = 8
@@ -298,7 +276,7 @@ def test_config_table_keys_use_the_gemm_dtypes_and_known_entries_are_found():
     quant = tm.Quant.for_dtype("int4-g32", (None, None))
     key = table_key("fused", 1, 7168, 256, 384, 8, "int4-g32")
     cfg = tm.config_for(1, 7168, 256, 384, 8, quant, pdl=True)
-    assert cfg.source == "table" and cfg.as_dict() == {**table[key], "source": "table"}
+    assert cfg.source == "table" and cfg == tm.MoEConfig.from_dict({**table[key], "source": "table"})
     assert tm.config_for(1, 7168, 256, 384, 8, None).source == "table"
 
 

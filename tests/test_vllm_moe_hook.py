@@ -6,9 +6,6 @@ answer), free the engine's copy; plus the plugin's entry point and the scenario 
 from __future__ import annotations
 
 import importlib.metadata
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -89,22 +86,6 @@ def _with_ref(layer, x, tw, ids):
 
     layer.ref_out = fused_moe_ref(x, layer.ref[0], layer.ref[1], tw, ids)
     return layer
-
-
-@pytest.fixture(scope="module")
-def interp():
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        pool.submit(int, 0).result(timeout=120)
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    yield lambda fn, *a: pool.submit(fn, *a).result(timeout=300)
-    pool.shutdown()
 
 
 def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_forward(interp):

@@ -3,9 +3,6 @@ from, and the kernel (Triton's interpreter, the plain-Triton formula) against th
 
 from __future__ import annotations
 
-import multiprocessing
-import os
-from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
@@ -70,22 +67,6 @@ def _fused_err(M, K, I, topk, up, down, seed=0):
     ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
     assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
     return ((out.float() - ref).norm() / ref.norm()).item()
-
-
-@pytest.fixture(scope="module")
-def interp():
-    saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-        pool.submit(int, 0).result(timeout=120)
-    finally:
-        if saved is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = saved
-    yield lambda fn, *a: pool.submit(fn, *a).result(timeout=300)
-    pool.shutdown()
 
 
 @pytest.mark.parametrize("M, K, I, topk, up, down", [

@@ -155,6 +155,15 @@ def _step(w, s, a, c0, c1, c2, c3, USE_ASM: tl.constexpr):
 
 
 @triton.jit
+def _slots(ids_ptr, pid_r, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr):
+    """Row pid_r's (token, slot) pairs: (mask of the real slots, pair index, expert id as int64)."""
+    slot = tl.arange(0, SLOTS_P)
+    mask_s = slot < SLOTS
+    pair = pid_r * SLOTS + slot
+    return mask_s, pair, tl.load(ids_ptr + pair, mask=mask_s, other=0).to(tl.int64)
+
+
+@triton.jit
 def _join4(t0, t1, t2, t3):
     """Four [S, BN4] row results (row 4 n4 + r in t_r) -> [S, 4 BN4] in row order."""
     j = tl.join(tl.join(t0, t2), tl.join(t1, t3))  # [S, BN4, 2, 2]: element (b, a) = t_(2b + a)
@@ -184,10 +193,7 @@ def moebench_w4_gemv(
     BKW: tl.constexpr = BLOCK_K // 8
     KW: tl.constexpr = K // 8
 
-    slot = tl.arange(0, SLOTS_P)
-    mask_s = slot < SLOTS
-    pair = pid_r * SLOTS + slot
-    e = tl.load(ids_ptr + pair, mask=mask_s, other=0).to(tl.int64)
+    mask_s, pair, e = _slots(ids_ptr, pid_r, SLOTS, SLOTS_P)
     n4 = pid_n * BN4 + tl.arange(0, BN4)
     mask_r = mask_s[:, None, None, None] & (n4 < N // 4)[None, :, None, None]
     mask_a = mask_s[:, None, None, None]
@@ -255,10 +261,7 @@ def moebench_w4_down(
     BN4: tl.constexpr = BLOCK_N // 4
     KW: tl.constexpr = K // 8
     BKW: tl.constexpr = BLOCK_K // 8
-    slot = tl.arange(0, SLOTS_P)
-    mask_s = slot < SLOTS
-    pair = pid_r * SLOTS + slot
-    e = tl.load(ids_ptr + pair, mask=mask_s, other=0).to(tl.int64)
+    mask_s, pair, e = _slots(ids_ptr, pid_r, SLOTS, SLOTS_P)
     q4 = tl.arange(0, BN4)
     wbase = e[:, None, None, None] * stride_we
     sbase = e[:, None, None, None] * stride_se
