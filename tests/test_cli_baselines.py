@@ -151,3 +151,21 @@ def test_promote_takes_the_same_lock_as_an_update(tmp_path, capsys, monkeypatch)
     root = tmp_path / "baselines"
     assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)]) == 0
     assert [p.name for p in seen] == ["selfcheck.json"] and seen[0].parent.parent == root
+
+
+def test_promote_that_cannot_write_exits_non_zero_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    # A disk-full os.replace: the promotion the user asked for did not happen, so the command must not exit 0.
+    import errno
+    import os
+
+    root = tmp_path / "baselines"
+
+    def replace(src, dst, **kw):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+
+    monkeypatch.setattr(os, "replace", replace)
+    assert main(["baselines", "promote", str(RUN1), "--all", "--baseline-dir", str(root)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "No space left on device" in err, err
+    assert not (root / HW / "selfcheck.json").exists()
+    assert os.listdir(root / HW) == [], "a temporary file was left behind"

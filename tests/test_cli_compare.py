@@ -158,3 +158,15 @@ def test_case_patterns_treat_brackets_literally():
     assert glob_match("selfcheck[copy-64MiB-cpu]", "selfcheck[*]")
     assert not glob_match("gemm[t]", "gemm[abc]")  # not a character class
     assert glob_match("gemm[x-m1-triton]", "*-triton]") and glob_match("gemm[x-m1]", "gemm[x-m?]")
+
+
+def test_a_throttled_candidate_is_ambiguous_not_a_regression(tmp_path, capsys):
+    # The gate never calls a throttled measurement PASS or REGRESSION; `moebench compare` must carry the
+    # candidate case's recorded `throttled` flag to the same verdict function.
+    doc = slower(json.loads(H200.read_text()), COPY_KEY)
+    next(c for c in doc["cases"] if c["key"] == COPY_KEY)["throttled"] = True
+    b = write(tmp_path, "throttled.json", doc)
+    assert main(["compare", str(H200), b]) == 0
+    verdicts = rows(capsys.readouterr().out)
+    assert verdicts[COPY_KEY] == "AMBIGUOUS"
+    assert [k for k, v in verdicts.items() if v != "PASS"] == [COPY_KEY]
