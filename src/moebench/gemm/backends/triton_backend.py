@@ -24,21 +24,28 @@ def _triton_weight(wl, which: str):
     return cache[key]
 
 
-def build_w4(case: GemmCase, wl, config=None) -> Built:
-    """int4 g32 fused MoE at decode M: the rows-4 kernel (triton_moe/w4.py), weights repacked once.
-    config: (up, down) KernelConfigs (default: w4.w4_config, the table the tuner writes)."""
-    from moebench.gemm.triton_moe import w4
+def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
+    """int4 g32 fused MoE at decode M on one of our two int4 decode kernels, weights repacked once:
+    "mma" (triton_moe/w4_mma.py: 16-row tiles on tensor cores) or "rows4" (w4.py: CUDA cores); default
+    w4.DEFAULT_KERNEL. config: (up, down) KernelConfigs (default: that kernel's table, which the tuner writes)."""
+    from moebench.gemm.triton_moe import w4, w4_mma
 
-    key = ("triton-w4", case.dtype)
+    kernel = kernel or w4.DEFAULT_KERNEL
+    if kernel not in w4.KERNELS:
+        raise ValueError(f"int4 decode kernel {kernel!r}: not one of {', '.join(w4.KERNELS)}")
+    pack, fused, pick = {"rows4": (w4.pack_rows4, w4.fused_moe_w4, w4.w4_config),
+                         "mma": (w4_mma.pack_tiles16, w4_mma.fused_moe_w4_mma, w4_mma.mma_config)}[kernel]
+    key = ("triton-w4", kernel, case.dtype)
     cache = wl.weights.quantized
     if key not in cache:
-        cache[key] = tuple(w4.pack_rows4(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
+        cache[key] = tuple(pack(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
     w1, w2 = cache[key]
-    up, down = config or w4.w4_config(wl.M, wl.K, wl.I, wl.E, wl.topk)
-    calls = [lambda x=x, ids=ids, w=w: w4.fused_moe_w4(x, w1, w2, w, ids, config=(up, down))
+    up, down = config or pick(wl.M, wl.K, wl.I, wl.E, wl.topk)
+    calls = [lambda x=x, ids=ids, w=w: fused(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
-    cfg = {"path": "w4_gemv", "up": up.__dict__, "down": down.__dict__}
-    return Built(calls, [], {"impl": "moebench.gemm.triton_moe.w4", "op": case.op, "config": cfg})
+    cfg = {"path": f"w4_{kernel}", "up": up.__dict__, "down": down.__dict__}
+    impl = {"rows4": "moebench.gemm.triton_moe.w4", "mma": "moebench.gemm.triton_moe.w4_mma"}[kernel]
+    return Built(calls, [], {"impl": impl, "op": case.op, "config": cfg})
 
 
 def build(case: GemmCase, wl, config=None) -> Built:

@@ -1,14 +1,15 @@
-"""Tile sweep of the rows-4 int4 decode kernel (w4.py) on a GPU, through the gemm family's own workload,
-check and timer; Marlin (vLLM) timed beside it on the same workload when vLLM is importable.
+"""Tile sweep of our int4 decode kernels (mma: w4_mma.py, tensor cores; rows4: w4.py, CUDA cores) on a
+GPU, through the gemm family's own workload, check and timer; the other kernel at its table tiles and
+Marlin (vLLM, when importable) timed beside it on the same workload.
 
-    python -m moebench.gemm.triton_moe.w4_tune [--models kimi-k2.5,deepseek-v3] [--ms 1,2,4,8,16]
-                                               [--out w4_tune.json] [--smoke]
+    python -m moebench.gemm.triton_moe.w4_tune [--kernel mma|rows4] [--models kimi-k2.5,deepseek-v3]
+                                               [--ms 1,2,4,8,16] [--out w4_tune.json] [--smoke]
 
 Cases are built, checked and timed by the config sweep's Bench (sweep.py), floors at the read ceiling
 measured when the tuner starts. Per (model, M): every up tile with the default down tile, then every
 down tile with the best up tile; each configuration is checked against the float32 reference before it is timed (a wrong one is listed
 with its error and skipped). Prints one line per case and writes all timings plus `table`: the winners
-in configs.json's `w4|K|I|E|topk|M-bucket` format, to copy into configs.json.
+in configs.json's `w4|...` (rows4) or `w4mma|K|I|E|topk|M-bucket` format, to copy into configs.json.
 """
 
 from __future__ import annotations
@@ -17,36 +18,47 @@ import argparse
 import json
 import sys
 
-UP_TILES = [(4, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 4), (8, 1024, 8),
-            (16, 512, 4)]
-DOWN_TILES = [(bn, nt, nw) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2), (16, 4))
-              for nw in (4,)]
+# (block_n, block_k, num_warps) of the up kernel; the down kernel's (block_n, n_tiles, num_warps) for rows4,
+# (block_n, block_k, num_warps) for mma (block_n = 16 x row tiles, block_k = 32 x groups per step, the
+# warps beyond the row tiles split K)
+UP_TILES = {"rows4": [(4, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 4),
+                      (8, 1024, 8), (16, 512, 4)],
+            "mma": [(16, 32, 4), (16, 64, 4), (16, 128, 4), (16, 32, 8), (16, 64, 8), (32, 64, 4), (16, 64, 2),
+                    (32, 32, 8), (16, 128, 8)]}
+DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2),
+                                                   (16, 4))],
+              # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
+              # them: 200+ registers)
+              "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)]}
+TABLE_PREFIX = {"rows4": "w4", "mma": "w4mma"}
 
 
-def tune_case(model: str, M: int, ceiling: float, log=print, *, tp: int = 8, device: str = "cuda", rule=None,
-              rotations: int | None = None, up_tiles=UP_TILES, down_tiles=DOWN_TILES) -> dict:
-    """Sweep one (model, M) on the config sweep's Bench (the family's workload, runner.check before
-    runner.measure, floors at the measured read ceiling); returns the timings, the winner and Marlin's
-    time (None without vLLM)."""
+def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "mma", tp: int = 8,
+              device: str = "cuda", rule=None, rotations: int | None = None, up_tiles=None, down_tiles=None) -> dict:
+    """Sweep one kernel's tiles for one (model, M) on the config sweep's Bench (the family's workload,
+    runner.check before runner.measure, floors at the measured read ceiling); returns the timings, the
+    winner, the other kernel's time at its table tiles and Marlin's (None without vLLM)."""
     import triton
 
     from moebench.gemm.backends.triton_backend import build_w4
     from moebench.gemm.cases import ROTATIONS, GemmCase
     from moebench.gemm.triton_moe.config import KernelConfig, m_bucket
     from moebench.gemm.triton_moe.sweep import Bench
-    from moebench.gemm.triton_moe.w4 import w4_config
+    from moebench.gemm.triton_moe.w4 import KERNELS, w4_config
+    from moebench.gemm.triton_moe.w4_mma import mma_config
 
     case = GemmCase(model, tp, "fused", M, "int4-g32", "decode", "triton")
     bench = Bench(case, device, rotations or ROTATIONS, ceiling, rule)
     wl = bench.wl
-    up0, down0 = w4_config(M, wl.K, wl.I, wl.E, wl.topk)
+    pick = {"rows4": w4_config, "mma": mma_config}[kernel]
+    up0, down0 = pick(M, wl.K, wl.I, wl.E, wl.topk)
     bk2 = max(32, triton.next_power_of_2(wl.I))
     rows, best = [], None
 
     def run(up, down):
         nonlocal best
         try:
-            built = build_w4(case, wl, (up, down))
+            built = build_w4(case, wl, (up, down), kernel)
             bench.check(built)
             us, pct = bench.time_us(built)
         except Exception as exc:  # a failing tile is a finding, not the end of the sweep
@@ -58,19 +70,31 @@ def tune_case(model: str, M: int, ceiling: float, log=print, *, tp: int = 8, dev
         if best is None or us < best[0]:
             best = (us, up, down)
 
-    for bn, bk, nw in up_tiles:
+    for bn, bk, nw in up_tiles or UP_TILES[kernel]:
         run(KernelConfig(block_n=bn, block_k=min(bk, wl.K), num_warps=nw), down0)
     up_best = best[1] if best else up0
-    for bn, nt, nw in down_tiles:
-        run(up_best, KernelConfig(block_n=bn, block_k=bk2, num_warps=nw, n_tiles=nt))
+    for bn, b, nw in down_tiles or DOWN_TILES[kernel]:
+        if kernel == "rows4":
+            run(up_best, KernelConfig(block_n=bn, block_k=bk2, num_warps=nw, n_tiles=b))
+        else:
+            run(up_best, KernelConfig(block_n=bn, block_k=min(b, wl.I), num_warps=nw))
+    other = {}
+    for k in KERNELS:
+        if k != kernel:
+            try:
+                built = build_w4(case, wl, None, k)
+                bench.check(built)
+                other[k] = bench.time_us(built)[0]
+            except Exception as exc:
+                log(f"  {k}: {type(exc).__name__}: {exc}"[:300])
     marlin = _marlin_us(case, bench, log) if device == "cuda" else None
-    out = {"model": model, "M": M, "rows": rows, "marlin_us": marlin, "floor_us": bench.floor_us,
-           "key": f"w4|{wl.K}|{wl.I}|{wl.E}|{wl.topk}|{m_bucket(M)}"}
+    out = {"model": model, "M": M, "kernel": kernel, "rows": rows, "marlin_us": marlin, "other_us": other,
+           "floor_us": bench.floor_us, "key": f"{TABLE_PREFIX[kernel]}|{wl.K}|{wl.I}|{wl.E}|{wl.topk}|{m_bucket(M)}"}
     if best:
         out.update(best_us=best[0], up=best[1].__dict__, down=best[2].__dict__, default_us=next(
             (r.get("us") for r in rows if r["up"] == up0.__dict__ and r["down"] == down0.__dict__), None))
     log(f"{model} M={M}: best {out.get('best_us', float('nan')):.1f} us (up {out.get('up')}, down {out.get('down')}); "
-        f"default {out.get('default_us')}; marlin {marlin}; floor {bench.floor_us:.1f} us at the "
+        f"default {out.get('default_us')}; {other}; marlin {marlin}; floor {bench.floor_us:.1f} us at the "
         f"{ceiling / 1e9:.0f} GB/s read ceiling")
     return out
 
@@ -98,6 +122,7 @@ def _marlin_us(case, bench, log) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kernel", default="mma", choices=sorted(TABLE_PREFIX))
     ap.add_argument("--models", default="kimi-k2.5,deepseek-v3")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--out", default="w4_tune.json")
@@ -113,11 +138,12 @@ def main(argv=None) -> int:
         return 2
     if args.smoke:  # one tile each way shows the plumbing; the interpreter's times mean nothing
         plan = [(sweep.SMOKE["model"], 1)]
-        extra = dict(tp=sweep.SMOKE["tp"], device=device, rule=rule, rotations=1, up_tiles=UP_TILES[1:2],
-                     down_tiles=DOWN_TILES[3:4])
+        extra = dict(tp=sweep.SMOKE["tp"], device=device, rule=rule, rotations=1,
+                     up_tiles=UP_TILES[args.kernel][1:2], down_tiles=DOWN_TILES[args.kernel][3:4])
     else:
         plan = [(model, int(m)) for model in args.models.split(",") for m in args.ms.split(",")]
         extra = {}
+    extra["kernel"] = args.kernel
     results = []
     for model, M in plan:
         results.append(tune_case(model, M, ceiling, lambda s: print(s, flush=True), **extra))

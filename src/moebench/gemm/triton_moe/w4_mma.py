@@ -1,0 +1,179 @@
+"""int4 W4A16 group-32 experts in the 16-row tile layout, and the fused MoE that runs them on tensor cores
+(w4_mma_kernel.py).
+
+    pack_tiles16(data, scale) -> W4Tiles          from the generic int4 layout (quant.py): [E, N, K/2]
+                                                  bytes (low nibble = even k, stored q + 8), scales [E, N, K/32]
+    tiles16_from_compressed_tensors(packed, scale) from vLLM's compressed-tensors tensors as loaded for
+                                                  Marlin: int32 [E, K/8, N], scales [E, K/32, N]
+    fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=None) -> [M, K]
+
+The layout: words int32 [E, N/16, K/32, 32, 2]. Entry [e, T, grp, lane, t] belongs to lane (g, c) =
+(lane // 4, lane % 4) of row tile T (rows 16 T .. 16 T + 15) and group grp; its nibble j (bits 4j) holds
+row 16 T + g + 8 (j & 1), k 32 grp + 8 c + 4 t + 2 ((j >> 1) & 1) + (j >> 2), stored q + 8. That is the
+order in which the kernel's lop3 decode yields mma's A fragment (w4_mma_kernel.py says why). Scales:
+int32 [E, N/16, K/32, 8], entry g the bf16 pair (row g low, row g + 8 high). Packing is a one-time cost
+at load, done a few experts at a time to bound the temporary memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from .config import KernelConfig, m_bucket, table_entry
+from .w4 import GROUP, use_asm
+from .w4_mma_kernel import moebench_w4_mma
+
+TILE = 16
+EXPERTS_PER_PACK = 16  # experts unpacked at once: 16 x 512 x 7168 nibbles = 59 MB of temporaries
+
+
+@dataclass(frozen=True)
+class W4Tiles:
+    """One expert weight stack [E, N, K] in the 16-row tile layout."""
+
+    words: torch.Tensor   # int32 [E, N/16, K/32, 32, 2]
+    scales: torch.Tensor  # int32 [E, N/16, K/32, 8]: bf16 pairs (row g, row g + 8)
+
+    @property
+    def E(self) -> int:
+        return self.words.shape[0]
+
+    @property
+    def N(self) -> int:
+        return TILE * self.words.shape[1]
+
+    @property
+    def K(self) -> int:
+        return GROUP * self.words.shape[2]
+
+
+def _check(E: int, N: int, K: int, scale_shape, where: str) -> None:
+    if N % TILE or K % GROUP:
+        raise ValueError(f"{where}: the 16-row int4 layout needs N % {TILE} == 0 and K % {GROUP} == 0, got N={N}, K={K}")
+    if tuple(scale_shape) != (E, N, K // GROUP):
+        raise ValueError(f"{where}: scales must be [E, N, K/{GROUP}] = {(E, N, K // GROUP)}, got {tuple(scale_shape)}")
+
+
+def _tiles(nib: torch.Tensor) -> torch.Tensor:
+    """Nibbles [e, N, K] (uint8, 0..15) -> words [e, N/16, K/32, 32, 2] int32."""
+    e, N, K = nib.shape
+    # row = 16 T + 8 h + g; k = 32 grp + 8 c + 4 t + 2 p + b; nibble j = 4 b + 2 p + h
+    v = nib.reshape(e, N // TILE, 2, 8, K // GROUP, 4, 2, 2, 2)            # e T h g grp c t p b
+    v = v.permute(0, 1, 4, 3, 5, 6, 8, 7, 2).to(torch.int32)              # e T grp g c t b p h
+    v = v.reshape(e, N // TILE, K // GROUP, 32, 2, 8)
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=nib.device)
+    # the nibbles' bits do not overlap, so the sum is their OR; int32 wraps like the word's bits
+    return (v << shifts).sum(-1, dtype=torch.int32)
+
+
+def _scales(scale: torch.Tensor) -> torch.Tensor:
+    """[e, N, K/32] -> int32 [e, N/16, K/32, 8] of bf16 pairs (row g, row g + 8)."""
+    e, N, G = scale.shape
+    s = scale.to(torch.bfloat16).reshape(e, N // TILE, 2, 8, G).permute(0, 1, 4, 3, 2)
+    return s.contiguous().view(torch.int32).reshape(e, N // TILE, G, 8)
+
+
+def _pack(nibbles_of, E: int, scale: torch.Tensor) -> W4Tiles:
+    """Chunks of experts: nibbles_of(lo, hi) -> [hi - lo, N, K] uint8."""
+    words, scales = [], []
+    for lo in range(0, E, EXPERTS_PER_PACK):
+        hi = min(E, lo + EXPERTS_PER_PACK)
+        words.append(_tiles(nibbles_of(lo, hi)))
+        scales.append(_scales(scale[lo:hi]))
+    return W4Tiles(torch.cat(words), torch.cat(scales))
+
+
+def pack_tiles16(data: torch.Tensor, scale: torch.Tensor) -> W4Tiles:
+    """From the generic int4 layout: data uint8 [E, N, K/2] (low nibble even k), scale [E, N, K/32]."""
+    if data.dtype != torch.uint8 or data.dim() != 3:
+        raise ValueError(f"int4 data must be uint8 [E, N, K/2], got {data.dtype} {tuple(data.shape)}")
+    E, N, K2 = data.shape
+    _check(E, N, 2 * K2, scale.shape, "pack_tiles16")
+
+    def nibbles(lo, hi):
+        d = data[lo:hi]
+        return torch.stack((d & 15, d >> 4), dim=-1).reshape(hi - lo, N, 2 * K2)
+
+    return _pack(nibbles, E, scale)
+
+
+def tiles16_from_compressed_tensors(packed: torch.Tensor, scale: torch.Tensor) -> W4Tiles:
+    """From compressed-tensors W4A16 tensors as vLLM loads them for Marlin: packed int32 [E, K/8, N]
+    (value j of a word in bits 4j, stored q + 8: vLLM's uint4b8), scale [E, K/32, N]."""
+    if packed.dtype != torch.int32 or packed.dim() != 3:
+        raise ValueError(f"packed weights must be int32 [E, K/8, N], got {packed.dtype} {tuple(packed.shape)}")
+    E, KW, N = packed.shape
+    sc = scale.transpose(1, 2)
+    _check(E, N, 8 * KW, sc.shape, "tiles16_from_compressed_tensors")
+    shifts = 4 * torch.arange(8, dtype=torch.int32, device=packed.device)
+
+    def nibbles(lo, hi):
+        p = packed[lo:hi].transpose(1, 2)                                   # [e, N, K/8]
+        return ((p[..., None] >> shifts) & 15).to(torch.uint8).reshape(hi - lo, N, 8 * KW)
+
+    return _pack(nibbles, E, sc)
+
+
+def mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
+    """(up, down) tiles: block_n = rows per program (16 x row tiles), block_k = k per lane set per step
+    (32 x groups), num_warps = lane sets x row tiles (the rest split K). The measured table
+    (configs.json, `w4mma|K|I|E|topk|M-bucket`, w4_tune.py) first, else a heuristic: up 16 rows over
+    4 warps (pairs x I/16 programs), down 16 rows over 4 warps of 2 groups each (I = 256 in one step:
+    more steps double-buffer all top-k slots' fragments, 200+ registers)."""
+    hit = table_entry(f"w4mma|{K}|{I}|{E}|{topk}|{m_bucket(M)}")
+    if hit is not None:
+        return KernelConfig(**hit["up"]), KernelConfig(**hit["down"])
+    return (KernelConfig(block_n=16, block_k=64, num_warps=4),
+            KernelConfig(block_n=16, block_k=64, num_warps=4))
+
+
+def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
+            pdl_wait=False, pdl_trigger=False):
+    rt, gpi = kc.block_n // TILE, kc.block_k // GROUP
+    pow2 = lambda v: v >= 1 and v & (v - 1) == 0
+    if kc.block_n % TILE or kc.block_k % GROUP or not (pow2(rt) and pow2(gpi) and pow2(kc.num_warps)) \
+            or kc.num_warps % rt:
+        raise ValueError(f"16-row int4 tiles need block_n = {TILE} x 2^i, block_k = {GROUP} x 2^j and "
+                         f"num_warps a power of two multiple of block_n/{TILE}, got {kc}")
+    av = a.contiguous().view(torch.int32)
+    moebench_w4_mma[(rows, triton.cdiv(N // TILE, rt))](
+        av, w.words, w.scales, ids, tw, out,
+        N, av.stride(0), w.words.stride(0), w.words.stride(1), w.scales.stride(0), w.scales.stride(1),
+        out.stride(0),
+        K=w.K, UP_ROWS=up_rows, SLOTS=slots, SLOTS_P=triton.next_power_of_2(slots), A_DIV=a_div,
+        WEIGHTED=weighted, RT=rt, KS=kc.num_warps // rt, GPI=gpi,
+        PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=use_asm(a.device),
+        num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
+
+
+def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
+                     pdl: bool | None = None) -> torch.Tensor:
+    """fused_moe (api.py) semantics for int4 experts in the 16-row tile layout: x [M, K] bf16,
+    w1 [E, 2I, K], w2 [E, K, I]. Two launches (up + silu, then down + top-k sum), one (token, slot)
+    pair per up program: for decode M. config: (up, down) KernelConfigs, default mma_config. pdl:
+    programmatic dependent launch of the down kernel (default: on Hopper or newer). CUDA-graph capturable.
+    """
+    if x.dtype != torch.bfloat16:
+        raise ValueError(f"fused_moe_w4_mma takes bf16 activations, got {x.dtype}")
+    M, K = x.shape
+    topk = topk_ids.shape[1]
+    I = w1.N // 2
+    if w1.K != K or w2.N != K or w2.K != I or w1.E != w2.E or I % TILE:
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w1 [{w1.E}, {w1.N}, {w1.K}], w2 [{w2.E}, {w2.N}, {w2.K}]")
+    up, down = config or mma_config(M, K, I, w1.E, topk)
+    if pdl is None:
+        pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    P = M * topk
+    h = torch.empty((P, I), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, K), dtype=x.dtype, device=x.device)
+    _launch(x, w1, ids, tw, h, rows=P, N=I, up_rows=I, slots=1, a_div=topk, weighted=False, kc=up,
+            pdl_trigger=pdl)
+    _launch(h, w2, ids, tw, out, rows=M, N=K, up_rows=0, slots=topk, a_div=1, weighted=True, kc=down,
+            pdl_wait=pdl)
+    return out
