@@ -29,6 +29,8 @@ def merge(table: dict, sweep: dict) -> tuple[dict, int]:
             changed += 1
     record = {"device": sweep.get("device"), "torch": sweep.get("torch"), "triton": sweep.get("triton"),
               "merged": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "entries": len(sweep.get("table", {}))}
+    if sweep.get("what"):  # which tool wrote the table (w4_tune.py says so; the config sweep does not)
+        record["what"] = sweep["what"]
     if changed:  # the history lists the sweeps that changed the table
         out["_sweeps"] = [*table.get("_sweeps", []), record]
     return out, changed

@@ -24,7 +24,7 @@ import sys
 UP_TILES = {"rows4": [(4, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 4),
                       (8, 1024, 8), (16, 512, 4)],
             "mma": [(16, 32, 4), (16, 64, 4), (16, 128, 4), (16, 32, 8), (16, 64, 8), (32, 64, 4), (16, 64, 2),
-                    (32, 32, 8), (16, 128, 8)]}
+                    (32, 32, 8), (16, 128, 8), (16, 128, 16), (16, 64, 16)]}
 DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2),
                                                    (16, 4))],
               # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
@@ -144,12 +144,18 @@ def main(argv=None) -> int:
         plan = [(model, int(m)) for model in args.models.split(",") for m in args.ms.split(",")]
         extra = {}
     extra["kernel"] = args.kernel
+    import torch
+    import triton
+
+    # apply_sweep records these in configs.json's `_sweeps` when it merges the table
+    meta = {"device": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
+            "triton": triton.__version__, "what": f"w4_tune.py --kernel {args.kernel}"}
     results = []
     for model, M in plan:
         results.append(tune_case(model, M, ceiling, lambda s: print(s, flush=True), **extra))
         table = {r["key"]: {"up": r["up"], "down": r["down"]} for r in results if "up" in r}
         with open(args.out, "w") as f:  # after every case: a killed run keeps what it measured
-            json.dump({"read_ceiling_bytes_per_s": ceiling, "results": results, "table": table}, f, indent=1)
+            json.dump({**meta, "read_ceiling_bytes_per_s": ceiling, "results": results, "table": table}, f, indent=1)
     return 0
 
 
