@@ -200,3 +200,49 @@ def test_gpu_timers_sample_is_the_time_of_one_call(timer, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", fake)
     calls = [lambda: fake.kernel(0.005)] * 4
     assert timer(calls, exactly(3)) == pytest.approx([5e-6] * 3)
+
+
+class _FakeGPU:
+    """A device whose step takes `slow` seconds until `warm_after` seconds of work, then `fast`."""
+
+    def __init__(self, slow, fast, warm_after):
+        self.t, self.slow, self.fast, self.warm_after = 0.0, slow, fast, warm_after
+
+    def clock(self):
+        return self.t
+
+    def step(self):
+        self.t += self.slow if self.t < self.warm_after else self.fast
+
+
+def test_the_warm_up_runs_past_a_slow_start_until_the_rate_is_steady():
+    from moebench.timing import WarmRule, warm_until_steady
+
+    class Ramping(_FakeGPU):
+        def step(self):  # 30% slower at first, reaching full speed linearly at t = 0.4 s (a clock ramp)
+            self.t += 1e-3 * (1 + 0.3 * max(0.0, 1 - self.t / 0.4))
+
+    gpu = Ramping(0, 0, 0)
+    steps, steady = warm_until_steady(gpu.step, WarmRule(min_s=0.1, window_s=0.05, tol=0.01, max_s=2.0), gpu.clock)
+    assert steady and gpu.t >= 0.4, gpu.t  # not before the ramp ended: each window was >1% faster than the last
+    assert gpu.t < 0.6 and steps > 0
+
+    short = _FakeGPU(slow=2e-3, fast=1e-3, warm_after=0.1)  # a slow start shorter than min_s
+    warm_until_steady(short.step, WarmRule(min_s=0.2, window_s=0.05, tol=0.01, max_s=2.0), short.clock)
+    assert short.t >= 0.2
+
+
+def test_the_warm_up_busies_the_device_for_its_minimum_and_gives_up_at_its_maximum():
+    from moebench.timing import WarmRule, warm_until_steady
+
+    steady_gpu = _FakeGPU(slow=1e-3, fast=1e-3, warm_after=0.0)
+    _, steady = warm_until_steady(steady_gpu.step, WarmRule(min_s=0.2, window_s=0.05, max_s=1.0), steady_gpu.clock)
+    assert steady and 0.2 <= steady_gpu.t < 0.3  # steady from the start: stops just past min_s
+
+    class Drifting(_FakeGPU):
+        def step(self):
+            self.t += 1e-3 * (1 + 10 * self.t)  # never steady
+
+    drifting = Drifting(0, 0, 0)
+    _, steady = warm_until_steady(drifting.step, WarmRule(min_s=0.1, window_s=0.05, tol=0.001, max_s=0.5), drifting.clock)
+    assert not steady and 0.5 <= drifting.t < 0.6

@@ -10,7 +10,10 @@ calls do not measure a warm L2) and returns per-iteration samples in seconds.
 - cpu: wall clock around R calls, for CPU-only work.
 
 Warm-up (Triton JIT and autotune, cuBLAS heuristics, graph capture) always happens before the first
-timed sample.
+timed sample, and the GPU timers then keep the GPU busy until its speed is steady (`warm_until_steady`):
+a GPU that idled while the host built the case runs its first milliseconds slower, and a stopping rule
+that is satisfied in ten quick samples would otherwise record that state (an H200 read a bf16 M = 1
+fused MoE at 26.7 us in its first measurement after setup and 24.4 us in every later one).
 """
 
 from __future__ import annotations
@@ -76,6 +79,41 @@ def _l2_flusher(torch, device):
 HEAD_START_CYCLES = 200_000
 
 
+@dataclass(frozen=True)
+class WarmRule:
+    """Busy the device for at least min_s, then in windows of window_s until a window's rate (work per
+    second) is within tol of the previous window's; never past max_s."""
+
+    min_s: float = 0.2
+    window_s: float = 0.05
+    tol: float = 0.01
+    max_s: float = 1.0
+
+
+GPU_WARM = WarmRule()
+
+
+def warm_until_steady(step: Callable[[], object], rule: WarmRule = GPU_WARM,
+                      clock: Callable[[], float] = time.perf_counter) -> tuple[int, bool]:
+    """Run step() (one unit of work, waited for) until the rate of windows of rule.window_s is steady.
+    Returns (steps run, whether it became steady before rule.max_s)."""
+    start = clock()
+    steps, prev = 0, None
+    while True:
+        w0, n = clock(), 0
+        while clock() - w0 < rule.window_s or n == 0:
+            step()
+            n += 1
+        now = clock()
+        steps += n
+        rate = n / max(now - w0, 1e-12)
+        if now - start >= rule.min_s and prev is not None and abs(rate - prev) <= rule.tol * prev:
+            return steps, True
+        if now - start >= rule.max_s:
+            return steps, False
+        prev = rate
+
+
 def event_time(torch, fn, *, head_start: bool = False) -> float:
     """Seconds between CUDA events recorded around fn() on the current stream (waits for the end).
 
@@ -112,8 +150,10 @@ def capture_graph(torch, calls: Sequence[Call]):
     return g
 
 
-def graph_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, flush_l2: bool = False, warmup: int = 2) -> list[float]:
-    """Per-iteration GPU time from CUDA events around a graph replay of the R calls.
+def graph_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, flush_l2: bool = False, warmup: int = 2,
+                warm: WarmRule | None = GPU_WARM) -> list[float]:
+    """Per-iteration GPU time from CUDA events around a graph replay of the R calls, sampled once the
+    replays run at a steady rate (warm; None skips that).
 
     With flush_l2, L2 is evicted before every call inside the graph and the time of a graph holding only
     the flushes is subtracted, sample by sample (so the flush's own time is not charged to the work).
@@ -128,6 +168,8 @@ def graph_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, flush_l2:
     if not flush_l2:
         g = capture_graph(torch, calls)
         g.replay()
+        if warm:
+            warm_until_steady(lambda: (g.replay(), torch.cuda.synchronize()), warm)
         return collect(lambda: event_time(torch, g.replay, head_start=True) / r, rule)
     flush = _l2_flusher(torch, torch.cuda.current_device())
     interleaved = [f for c in calls for f in (flush, c)]
@@ -135,12 +177,16 @@ def graph_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, flush_l2:
     g_flush = capture_graph(torch, [flush] * r)
     g_work.replay()
     g_flush.replay()
+    if warm:
+        warm_until_steady(lambda: (g_work.replay(), torch.cuda.synchronize()), warm)
     return collect(lambda: (event_time(torch, g_work.replay, head_start=True)
                             - event_time(torch, g_flush.replay, head_start=True)) / r, rule)
 
 
-def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: int = 2) -> list[float]:
-    """Per-iteration time from CUDA events around R eager calls (host launch overhead included)."""
+def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: int = 2,
+                warm: WarmRule | None = GPU_WARM) -> list[float]:
+    """Per-iteration time from CUDA events around R eager calls (host launch overhead included), sampled
+    once they run at a steady rate (warm; None skips that)."""
     import torch
 
     for _ in range(warmup):
@@ -151,6 +197,9 @@ def eager_timer(calls: Sequence[Call], rule: StopRule = StopRule(), *, warmup: i
     def run_all() -> None:
         for c in calls:
             c()
+
+    if warm:
+        warm_until_steady(lambda: (run_all(), torch.cuda.synchronize()), warm)
 
     return collect(lambda: event_time(torch, run_all) / len(calls), rule)
 
