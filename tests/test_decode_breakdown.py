@@ -43,6 +43,7 @@ def test_complete_annotated_steps_only_and_launch_attribution():
     ("void marlin_moe_wna16::Marlin<...>(...)", "routed_experts"),
     ("fused_moe_kernel", "routed_experts"),
     ("moebench_w4_gemv", "routed_experts"),  # our rows-4 int4 kernel, through the engine hook
+    ("moebench_w4_mma", "routed_experts"),   # our tensor-core int4 kernel, likewise
     ("void vllm::moe::moe_sum_kernel<...>(...)", "routed_experts"),
     ("void vllm::moe::moe_align_block_size_kernel<...>(...)", "router_topk_align"),
     ("void vllm::moe::grouped_topk_kernel<...>(...)", "router_topk_align"),

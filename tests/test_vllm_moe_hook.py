@@ -1,5 +1,5 @@
 """The vLLM engine hook (decode/vllm_moe_hook.py) on a stand-in for vLLM's compressed-tensors W4A16 Marlin
-MoE method, with the rows-4 kernel run by Triton's interpreter: repack from the engine's own tensors,
+MoE method, with our default int4 kernel (w4_kernels.DEFAULT) run by Triton's interpreter: repack from the engine's own tensors,
 route apply() to our kernel, check against the engine's kernel on the first forward (and fail on a wrong
 answer), free the engine's copy; plus the plugin's entry point and the scenario wiring."""
 
@@ -111,6 +111,11 @@ def test_layers_the_kernel_does_not_cover_keep_the_engine_kernel():
     layer.activation = "gelu"
     assert "gelu" in vllm_moe_hook.unsupported(m, layer)
     assert vllm_moe_hook.unsupported(m, Layer()) == ""
+    layer = Layer()  # int32 [E, K/8, N]: 2I = 40 rows do not fill 16-row tiles
+    layer.w13_weight_packed, layer.w2_weight_packed = torch.zeros(2, 8, 40), torch.zeros(2, 4, 64)
+    assert "w13_weight_packed (2, 8, 40)" in vllm_moe_hook.unsupported(m, layer)
+    layer.w13_weight_packed = torch.zeros(2, 8, 64)
+    assert vllm_moe_hook.unsupported(m, layer) == ""
 
 
 def test_the_plugin_folder_declares_register_as_a_vllm_general_plugin():

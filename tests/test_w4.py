@@ -1,4 +1,4 @@
-"""The rows-4 int4 decode kernel (triton_moe/w4.py) on CPU: its layout from both sources it is packed
+"""The rows-4 int4 decode kernel (triton_moe/w4.py) on CPU (its tuner runs both int4 kernels): its layout from both sources it is packed
 from, and the kernel (Triton's interpreter, the plain-Triton formula) against the float32 reference."""
 
 from __future__ import annotations
@@ -82,10 +82,11 @@ def test_fused_moe_w4_matches_the_float32_reference(interp, M, K, I, topk, up, d
     assert interp(_fused_err, M, K, I, topk, up, down) < 1e-2
 
 
-def test_the_tuner_runs_end_to_end_on_cpu(tmp_path):
+@pytest.mark.parametrize("kernel, prefix, other", [("rows4", "w4|", "mma"), ("mma", "w4mma|", "rows4")])
+def test_the_tuner_runs_end_to_end_on_cpu(tmp_path, kernel, prefix, other):
     """w4_tune --smoke: the sweep's tiny shapes through the interpreter, each tile checked by the config
     sweep's Bench before it is timed, floors at the read ceiling measured in the run, a table keyed for
-    w4_config."""
+    the kernel's config picker, the other kernel timed beside it."""
     import json
     import subprocess
     import sys
@@ -93,11 +94,13 @@ def test_the_tuner_runs_end_to_end_on_cpu(tmp_path):
 
     out = tmp_path / "w4.json"
     src = Path(__file__).resolve().parents[1] / "src"
-    proc = subprocess.run([sys.executable, "-m", "moebench.gemm.triton_moe.w4_tune", "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "moebench.gemm.triton_moe.w4_tune", "--smoke", "--kernel", kernel,
+                           "--out", str(out)],
                           env=dict(os.environ, PYTHONPATH=str(src)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     data = json.loads(out.read_text())
     [r] = data["results"]
     assert r["rows"] and all("us" in row for row in r["rows"]), r["rows"]  # every tile passed its check
     assert data["read_ceiling_bytes_per_s"] > 0 and r["floor_us"] > 0
-    assert list(data["table"]) == [r["key"]] and r["key"].startswith("w4|1024|32|32|4|")
+    assert list(data["table"]) == [r["key"]] and r["key"].startswith(prefix + "1024|32|32|4|")
+    assert r["other_us"][other] > 0 and data["what"] == f"w4_tune.py --kernel {kernel}"

@@ -1,4 +1,4 @@
-"""A vLLM general plugin that runs moebench's rows-4 int4 kernel in place of Marlin for compressed-tensors
+"""A vLLM general plugin that runs moebench's int4 decode kernel in place of Marlin for compressed-tensors
 W4A16 (group 32, symmetric) experts, so a decode scenario measures our kernel inside the engine's step.
 
 It is an entry point (group `vllm.general_plugins`), not an edit of vLLM: `hook_path()` writes a
@@ -8,15 +8,16 @@ its processes; without the variable it does nothing.
 
 What it changes, per MoE layer whose method is vLLM's CompressedTensorsWNA16MarlinMoEMethod:
   * process_weights_after_loading: the engine's own loaded weights (int32 [E, K/8, N] + scales) are
-    repacked once into the rows-4 layout, then vLLM's Marlin repack runs as usual. The first such
+    repacked once into our kernel's layout (w4_kernels.DEFAULT: the 16-row tensor-core kernel), then
+    vLLM's Marlin repack runs as usual. The first such
     layer keeps its Marlin weights for the check below; every other layer's Marlin copy is freed, so
     the engine holds one copy of the experts, as with Marlin alone.
-  * apply: our fused MoE (w4.fused_moe_w4). On the first forward outside CUDA-graph capture (vLLM's
+  * apply: our fused MoE (that kernel's fused_moe). On the first forward outside CUDA-graph capture (vLLM's
     profiling run, before any trial), the first layer also runs Marlin on the same input and the two
     outputs are compared; a relative error >= CHECK_BOUND raises, which fails the engine's start and
     the case. Then that layer's Marlin weights are freed too.
 Layers the kernel does not cover (act order, another group size or bit width, expert parallelism, a
-non-SiLU activation) keep Marlin and say so in the log.
+non-SiLU activation, row counts the 16-row tiles do not divide) keep Marlin and say so in the log.
 
 The log line "Using moebench_w4 backend for WNA16 MoE" is what the decode case's engine check reads
 (engine_log.py): a scenario expecting moebench_w4 fails if the hook did not take over.
@@ -55,7 +56,7 @@ def _say(msg: str) -> None:
 
 
 def unsupported(method, layer) -> str:
-    """Why this layer keeps Marlin ("" when the rows-4 kernel covers it)."""
+    """Why this layer keeps Marlin ("" when our kernel covers it)."""
     if method.num_bits != 4 or method.group_size != 32:
         return f"{method.num_bits}-bit group {method.group_size} (the kernel is int4 group 32)"
     if method.actorder == "group":
@@ -67,6 +68,10 @@ def unsupported(method, layer) -> str:
     act = str(getattr(layer, "activation", "silu")).lower()
     if "silu" not in act:
         return f"activation {act}"
+    for name in ("w13_weight_packed", "w2_weight_packed"):  # int32 [E, K/8, N]: N rows in tiles of 16
+        w = getattr(layer, name, None)
+        if w is not None and (w.shape[-1] % 16 or (8 * w.shape[-2]) % 32):
+            return f"{name} {tuple(w.shape)}: rows not a multiple of 16 or K of 32"
     return ""
 
 
@@ -88,7 +93,9 @@ def install(method_cls) -> None:
         return
     import torch
 
-    from moebench.gemm.triton_moe.w4 import from_compressed_tensors, fused_moe_w4
+    from moebench.gemm.triton_moe import w4_kernels
+
+    kernel = w4_kernels.get()
 
     orig_process, orig_apply = method_cls.process_weights_after_loading, method_cls.apply
     state = {"check_layer": None, "announced": False}
@@ -98,8 +105,8 @@ def install(method_cls) -> None:
         if why:
             _say(f"{getattr(layer, 'layer_name', 'a layer')} keeps Marlin: {why}")
             return orig_process(self, layer)
-        w1 = from_compressed_tensors(layer.w13_weight_packed.data, layer.w13_weight_scale.data)
-        w2 = from_compressed_tensors(layer.w2_weight_packed.data, layer.w2_weight_scale.data)
+        w1 = kernel.from_compressed_tensors(layer.w13_weight_packed.data, layer.w13_weight_scale.data)
+        w2 = kernel.from_compressed_tensors(layer.w2_weight_packed.data, layer.w2_weight_scale.data)
         orig_process(self, layer)
         layer._moebench_w4 = (w1, w2)
         if state["check_layer"] is None:
@@ -110,7 +117,7 @@ def install(method_cls) -> None:
         if not state["announced"]:
             state["announced"] = True
             # the engine check reads this line (engine_log.py): "Using X backend for WNA16 MoE"
-            _say(f"Using {HOOK_NAME} backend for WNA16 MoE (moebench rows-4 int4 Triton kernel in place of Marlin)")
+            _say(f"Using {HOOK_NAME} backend for WNA16 MoE (moebench {kernel.name} int4 Triton kernel in place of Marlin)")
 
     pdl = [None]
 
@@ -120,7 +127,7 @@ def install(method_cls) -> None:
             return orig_apply(self, layer, x, topk_weights, topk_ids, shared_experts_input, **kw)
         if pdl[0] is None:
             pdl[0] = x.is_cuda and torch.cuda.get_device_capability(x.device) >= (9, 0)
-        out = fused_moe_w4(x, w[0], w[1], topk_weights, topk_ids, pdl=pdl[0])
+        out = kernel.fused_moe(x, w[0], w[1], topk_weights, topk_ids, pdl=pdl[0])
         capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()  # no host sync inside a graph
         if getattr(layer, "_moebench_check", False) and not capturing:
             ref = orig_apply(self, layer, x.clone(), topk_weights, topk_ids, shared_experts_input, **kw)

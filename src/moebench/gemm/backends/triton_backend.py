@@ -25,27 +25,22 @@ def _triton_weight(wl, which: str):
 
 
 def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
-    """int4 g32 fused MoE at decode M on one of our two int4 decode kernels, weights repacked once:
-    "mma" (triton_moe/w4_mma.py: 16-row tiles on tensor cores) or "rows4" (w4.py: CUDA cores); default
-    w4.DEFAULT_KERNEL. config: (up, down) KernelConfigs (default: that kernel's table, which the tuner writes)."""
-    from moebench.gemm.triton_moe import w4, w4_mma
+    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "mma",
+    the default, or "rows4"), weights repacked once. config: (up, down) KernelConfigs (default: that
+    kernel's table, which w4_tune.py writes)."""
+    from moebench.gemm.triton_moe import w4_kernels
 
-    kernel = kernel or w4.DEFAULT_KERNEL
-    if kernel not in w4.KERNELS:
-        raise ValueError(f"int4 decode kernel {kernel!r}: not one of {', '.join(w4.KERNELS)}")
-    pack, fused, pick = {"rows4": (w4.pack_rows4, w4.fused_moe_w4, w4.w4_config),
-                         "mma": (w4_mma.pack_tiles16, w4_mma.fused_moe_w4_mma, w4_mma.mma_config)}[kernel]
-    key = ("triton-w4", kernel, case.dtype)
+    k = w4_kernels.get(kernel)
+    key = ("triton-w4", k.name, case.dtype)
     cache = wl.weights.quantized
     if key not in cache:
-        cache[key] = tuple(pack(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
+        cache[key] = tuple(k.pack(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
     w1, w2 = cache[key]
-    up, down = config or pick(wl.M, wl.K, wl.I, wl.E, wl.topk)
-    calls = [lambda x=x, ids=ids, w=w: fused(x, w1, w2, w, ids, config=(up, down))
+    up, down = config or k.config(wl.M, wl.K, wl.I, wl.E, wl.topk)
+    calls = [lambda x=x, ids=ids, w=w: k.fused_moe(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
-    cfg = {"path": f"w4_{kernel}", "up": up.__dict__, "down": down.__dict__}
-    impl = {"rows4": "moebench.gemm.triton_moe.w4", "mma": "moebench.gemm.triton_moe.w4_mma"}[kernel]
-    return Built(calls, [], {"impl": impl, "op": case.op, "config": cfg})
+    cfg = {"path": f"w4_{k.name}", "up": up.__dict__, "down": down.__dict__}
+    return Built(calls, [], {"impl": k.fused_moe.__module__, "op": case.op, "config": cfg})
 
 
 def build(case: GemmCase, wl, config=None) -> Built:

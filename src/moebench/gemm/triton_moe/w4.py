@@ -25,9 +25,6 @@ from .config import KernelConfig, m_bucket, table_entry
 from .w4_kernel import moebench_w4_down, moebench_w4_gemv
 
 GROUP = 32
-# Our two int4 decode kernels: "rows4" (this file, CUDA cores) and "mma" (w4_mma.py, tensor cores).
-KERNELS = ("rows4", "mma")
-DEFAULT_KERNEL = "rows4"
 
 
 @dataclass(frozen=True)

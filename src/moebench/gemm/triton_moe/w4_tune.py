@@ -30,7 +30,6 @@ DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2
               # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
               # them: 200+ registers)
               "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)]}
-TABLE_PREFIX = {"rows4": "w4", "mma": "w4mma"}
 
 
 def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "mma", tp: int = 8,
@@ -44,14 +43,12 @@ def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "m
     from moebench.gemm.cases import ROTATIONS, GemmCase
     from moebench.gemm.triton_moe.config import KernelConfig, m_bucket
     from moebench.gemm.triton_moe.sweep import Bench
-    from moebench.gemm.triton_moe.w4 import KERNELS, w4_config
-    from moebench.gemm.triton_moe.w4_mma import mma_config
+    from moebench.gemm.triton_moe import w4_kernels
 
     case = GemmCase(model, tp, "fused", M, "int4-g32", "decode", "triton")
     bench = Bench(case, device, rotations or ROTATIONS, ceiling, rule)
     wl = bench.wl
-    pick = {"rows4": w4_config, "mma": mma_config}[kernel]
-    up0, down0 = pick(M, wl.K, wl.I, wl.E, wl.topk)
+    up0, down0 = w4_kernels.get(kernel).config(M, wl.K, wl.I, wl.E, wl.topk)
     bk2 = max(32, triton.next_power_of_2(wl.I))
     rows, best = [], None
 
@@ -79,7 +76,7 @@ def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "m
         else:
             run(up_best, KernelConfig(block_n=bn, block_k=min(b, wl.I), num_warps=nw))
     other = {}
-    for k in KERNELS:
+    for k in w4_kernels.KERNELS:
         if k != kernel:
             try:
                 built = build_w4(case, wl, None, k)
@@ -89,7 +86,7 @@ def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "m
                 log(f"  {k}: {type(exc).__name__}: {exc}"[:300])
     marlin = _marlin_us(case, bench, log) if device == "cuda" else None
     out = {"model": model, "M": M, "kernel": kernel, "rows": rows, "marlin_us": marlin, "other_us": other,
-           "floor_us": bench.floor_us, "key": f"{TABLE_PREFIX[kernel]}|{wl.K}|{wl.I}|{wl.E}|{wl.topk}|{m_bucket(M)}"}
+           "floor_us": bench.floor_us, "key": f"{w4_kernels.get(kernel).table_prefix}|{wl.K}|{wl.I}|{wl.E}|{wl.topk}|{m_bucket(M)}"}
     if best:
         out.update(best_us=best[0], up=best[1].__dict__, down=best[2].__dict__, default_us=next(
             (r.get("us") for r in rows if r["up"] == up0.__dict__ and r["down"] == down0.__dict__), None))
@@ -122,7 +119,7 @@ def _marlin_us(case, bench, log) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="mma", choices=sorted(TABLE_PREFIX))
+    ap.add_argument("--kernel", default="mma", choices=["mma", "rows4"])
     ap.add_argument("--models", default="kimi-k2.5,deepseek-v3")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--out", default="w4_tune.json")

@@ -1,0 +1,115 @@
+"""The tensor-core int4 decode kernel (triton_moe/w4_mma.py) on CPU: its 16-row tile layout from both
+sources it is packed from, bad tiles and weights refused, and the kernel (Triton's interpreter, the
+plain-Triton lane formula) against the float32 reference. The inline PTX itself: test_w4_mma_asm.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import moebench.gemm.triton_moe as tm  # noqa: E402
+from moebench.gemm.triton_moe import w4_kernels, w4_mma  # noqa: E402
+from moebench.gemm.triton_moe.config import KernelConfig  # noqa: E402
+
+E = 8
+
+
+def _quantized(E, N, K, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    data, scale, _ = tm.quantize_weight(torch.randn(E, N, K, generator=g), "int4_w4a16", 32)
+    return data, scale
+
+
+def _nibbles(data):
+    """uint8 [E, N, K/2] (low nibble = even k) -> [E, N, K] stored values."""
+    return torch.stack((data & 15, data >> 4), dim=-1).reshape(*data.shape[:2], -1)
+
+
+def test_each_word_nibble_holds_the_row_and_k_the_layout_promises():
+    data, scale = _quantized(2, 32, 64)
+    p = w4_mma.pack_tiles16(data, scale)
+    nib = _nibbles(data)
+    assert p.words.shape == (2, 2, 2, 32, 2) and p.scales.shape == (2, 2, 2, 8) and (p.E, p.N, p.K) == (2, 32, 64)
+    for T, grp, lane, t, j in [(0, 0, 0, 0, 0), (1, 1, 31, 1, 7), (0, 1, 13, 0, 5), (1, 0, 6, 1, 2), (0, 0, 22, 1, 3)]:
+        g, c = lane // 4, lane % 4
+        row = 16 * T + g + 8 * (j & 1)
+        k = 32 * grp + 8 * c + 4 * t + 2 * ((j >> 1) & 1) + (j >> 2)
+        word = int(p.words[1, T, grp, lane, t]) & 0xFFFFFFFF
+        assert (word >> (4 * j)) & 15 == int(nib[1, row, k]), (T, grp, lane, t, j)
+    # scale word g: bf16 of row g (low half) and row g + 8 (high half)
+    pair = p.scales[1, 1, 1].view(torch.bfloat16).reshape(8, 2)
+    assert torch.equal(pair[:, 0], scale[1, 16:24, 1].bfloat16()) and torch.equal(pair[:, 1], scale[1, 24:32, 1].bfloat16())
+
+
+def test_compressed_tensors_tensors_pack_to_the_same_tiles():
+    data, scale = _quantized(3, 32, 64)
+    # vLLM's loaded compressed-tensors tensors for Marlin: int32 [E, K/8, N], scales [E, K/32, N]
+    ct = w4_mma.tiles16_from_compressed_tensors(data.view(torch.int32).transpose(1, 2).contiguous(),
+                                                scale.transpose(1, 2).contiguous())
+    ref = w4_mma.pack_tiles16(data, scale)
+    assert torch.equal(ct.words, ref.words) and torch.equal(ct.scales, ref.scales)
+
+
+def test_packing_in_expert_chunks_changes_nothing(monkeypatch):
+    data, scale = _quantized(5, 16, 32)
+    whole = w4_mma.pack_tiles16(data, scale)
+    monkeypatch.setattr(w4_mma, "EXPERTS_PER_PACK", 2)  # 5 experts in chunks of 2, 2, 1
+    chunked = w4_mma.pack_tiles16(data, scale)
+    assert torch.equal(whole.words, chunked.words) and torch.equal(whole.scales, chunked.scales)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    (lambda d, s: (d[:, :24], s[:, :24]), "N % 16 == 0"),
+    (lambda d, s: (d, s[:, :, :1]), "scales must be [E, N, K/32]"),
+    (lambda d, s: (d.to(torch.int32), s), "must be uint8"),
+])
+def test_bad_weights_are_refused_in_one_line(bad, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        w4_mma.pack_tiles16(*bad(*_quantized(2, 32, 64)))
+
+
+@pytest.mark.parametrize("up", [(24, 64, 4), (16, 48, 4), (32, 64, 1), (16, 64, 6)])
+def test_tiles_the_kernel_cannot_lay_out_are_refused_before_launch(up):
+    d, s = _quantized(2, 64, 64)
+    w1 = w4_mma.pack_tiles16(d, s)
+    w2 = w4_mma.pack_tiles16(*_quantized(2, 64, 32))
+    x = torch.zeros(1, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="16-row int4 tiles need"):
+        w4_mma.fused_moe_w4_mma(x, w1, w2, torch.ones(1, 1), torch.zeros(1, 1, dtype=torch.int32),
+                                config=(KernelConfig(*up), KernelConfig(16, 32, 4)), pdl=False)
+
+
+def _fused_err(M, K, I, topk, up, down, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
+    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).int()
+    if M > 1:
+        ids[1, -1] = ids[0, 0]  # two tokens share an expert
+    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
+    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
+    out = w4_mma.fused_moe_w4_mma(x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]),
+                                  tw, ids, config=(KernelConfig(*up), KernelConfig(*down)), pdl=False)
+    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
+    assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("M, K, I, topk, up, down", [
+    (1, 64, 32, 2, (16, 32, 1), (16, 32, 1)),      # one group per step, one lane set
+    (3, 256, 32, 4, (16, 64, 2), (32, 32, 2)),     # 8 groups over 2 lane sets x 2 per step; 2 row tiles
+    (2, 96, 64, 2, (32, 64, 4), (64, 64, 4)),      # 3 groups: the last step's second group is masked
+    (2, 160, 32, 2, (16, 32, 4), (64, 32, 4)),     # 10 down tiles in programs of 4: the last runs past N
+])
+def test_fused_moe_w4_mma_matches_the_float32_reference(interp, M, K, I, topk, up, down):
+    assert interp(_fused_err, M, K, I, topk, up, down) < 1e-2
+
+
+def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
+    assert w4_kernels.get().name == w4_kernels.DEFAULT == "mma"
+    with pytest.raises(ValueError, match="'nope': not one of mma, rows4"):
+        w4_kernels.get("nope")
