@@ -264,19 +264,20 @@ def test_a_pin_the_log_does_not_mention_is_recorded_as_unchecked():
     assert check_choices(DecodeCase(_scenario(), "vllm"), {}) == "MoE kernel 'triton': not in the engine's log"
 
 
-def test_an_engine_hook_scenario_is_its_own_case_with_its_own_marker():
-    hooked = _scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4")
+@pytest.mark.parametrize("hook, marker", [("moebench_w4", "triton"), ("moebench_mma", "triton_mma")])
+def test_an_engine_hook_scenario_is_its_own_case_with_its_own_marker(hook, marker):
+    hooked = _scenario(moe_backend="auto", moe_hook=hook, expect_moe=hook)
     plain = _scenario(moe_backend="auto", expect_moe="marlin")
     h, p = DecodeCase(hooked, "vllm"), DecodeCase(plain, "vllm")
-    assert "-moe_moebench_w4-" in h.key and "-moe_auto-" in p.key
-    assert ("triton", ()) in h.markers() and ("vllm_marlin", ()) in p.markers()
-    assert h.definition()["moe_hook"] == "moebench_w4"
+    assert f"-moe_{hook}-" in h.key and "-moe_auto-" in p.key
+    assert (marker, ()) in h.markers() and ("vllm_marlin", ()) in p.markers()
+    assert h.definition()["moe_hook"] == hook
     # a scenario without a hook keeps the definition it had before the field existed (stored entries stay valid)
     assert "moe_hook" not in p.definition()
 
 
 @pytest.mark.parametrize("kw, needle", [
-    ({"moe_hook": "nope", "expect_moe": "nope"}, "moe_hook: must be one of moebench_w4, got 'nope'"),
+    ({"moe_hook": "nope", "expect_moe": "nope"}, "moe_hook: must be one of moebench_w4, moebench_mma, got 'nope'"),
     ({"moe_hook": "moebench_w4", "expect_moe": "marlin"}, "expect_moe: must be 'moebench_w4' with moe_hook"),
     ({"moe_hook": "moebench_w4", "expect_moe": "moebench_w4", "engine": "sglang-server"}, "moe_hook: is a vLLM plugin"),
 ])
@@ -286,15 +287,16 @@ def test_bad_engine_hooks_are_one_line_naming_the_field(kw, needle):
     assert needle in str(e.value) and "\n" not in str(e.value)
 
 
-def test_the_hook_scenario_puts_the_plugin_on_the_engines_path_and_others_never_get_it():
+@pytest.mark.parametrize("hook", ["moebench_w4", "moebench_mma"])
+def test_the_hook_scenario_puts_the_plugin_on_the_engines_path_and_others_never_get_it(hook):
     from moebench.decode import vllm_moe_hook
 
-    hooked = DecodeCase(_scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4"), "vllm")
-    env = commands.engine_env(hooked, base={"PYTHONPATH": "/x"})
-    assert env[vllm_moe_hook.ENV] == "w4"
+    hooked = DecodeCase(_scenario(moe_backend="auto", moe_hook=hook, expect_moe=hook), "vllm")
+    env = commands.engine_env(hooked, base={"PYTHONPATH": "/x", vllm_moe_hook.ENV: "moebench_w4"})
+    assert env[vllm_moe_hook.ENV] == hook  # the scenario's hook, whatever the caller had set
     assert env["PYTHONPATH"].split(":")[1] == vllm_moe_hook.hook_path() and env["PYTHONPATH"].endswith(":/x")
     plain = DecodeCase(_scenario(moe_backend="auto", expect_moe="marlin"), "vllm")
-    env = commands.engine_env(plain, base={vllm_moe_hook.ENV: "w4"})  # a stray variable from the caller
+    env = commands.engine_env(plain, base={vllm_moe_hook.ENV: hook})  # a stray variable from the caller
     assert vllm_moe_hook.ENV not in env and vllm_moe_hook.hook_path() not in env["PYTHONPATH"]
 
 
@@ -306,6 +308,12 @@ def test_a_hook_that_did_not_take_over_fails_the_case():
     assert check_choices(case, {"moe": ["Marlin (WNA16 MoE)", "moebench_w4 (WNA16 MoE)"]}) == ""
     with pytest.raises(EngineError, match="pins 'moebench_w4' but the engine used Marlin"):
         check_choices(case, {"moe": ["Marlin (WNA16 MoE)"], "lines": []})
+    # the other hook's kernel is not this one (the check matches names by containment: neither contains the other)
+    with pytest.raises(EngineError, match="pins 'moebench_w4' but the engine used Marlin .*, moebench_mma"):
+        check_choices(case, {"moe": ["Marlin (WNA16 MoE)", "moebench_mma (WNA16 MoE)"], "lines": []})
+    mma = DecodeCase(_scenario(moe_backend="auto", moe_hook="moebench_mma", expect_moe="moebench_mma"), "vllm")
+    with pytest.raises(EngineError, match="pins 'moebench_mma' but the engine used"):
+        check_choices(mma, {"moe": ["Marlin (WNA16 MoE)", "moebench_w4 (WNA16 MoE)"], "lines": []})
 
 
 def test_a_category_can_carry_its_own_tolerance():

@@ -1,5 +1,5 @@
 """The vLLM engine hook (decode/vllm_moe_hook.py) on a stand-in for vLLM's compressed-tensors W4A16 Marlin
-MoE method, with our default int4 kernel (w4_kernels.DEFAULT) run by Triton's interpreter: repack from the engine's own tensors,
+MoE method, with each hook's int4 kernel (vllm_moe_hook.HOOKS) run by Triton's interpreter: repack from the engine's own tensors,
 route apply() to our kernel, check against the engine's kernel on the first forward (and fail on a wrong
 answer), free the engine's copy; plus the plugin's entry point and the scenario wiring."""
 
@@ -60,10 +60,10 @@ def _layer(seed):
     return layer
 
 
-def _run_hook(wrong: bool):
-    """In the interpreter worker: install on a stand-in, load two layers, run both on one batch."""
+def _run_hook(wrong: bool, hook: str = "moebench_w4"):
+    """In the interpreter worker: install `hook` on a stand-in, load two layers, run both on one batch."""
     cls = _method_class(wrong)
-    vllm_moe_hook.install(cls)
+    vllm_moe_hook.install(cls, hook)
     method, layers = cls(), [_layer(1), _layer(2)]
     for layer in layers:
         method.process_weights_after_loading(layer)
@@ -78,6 +78,7 @@ def _run_hook(wrong: bool):
     errs = [((o.float() - layer.ref_out).norm() / layer.ref_out.norm()).item()
             for o, layer in zip(outs, [_with_ref(layer, x, tw, ids) for layer in layers])]
     return {"errs": errs, "freed": [layer.w13_weight_packed.numel() == 0 for layer in layers],
+            "packed": type(layers[0]._moebench_w4[0]).__module__,
             "checked": [getattr(layer, "_moebench_check", None) for layer in layers]}
 
 
@@ -88,17 +89,25 @@ def _with_ref(layer, x, tw, ids):
     return layer
 
 
-def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_forward(interp):
-    r = interp(_run_hook, False)
+@pytest.mark.parametrize("hook, layout", [("moebench_w4", "moebench.gemm.triton_moe.w4"), ("moebench_mma", "moebench.gemm.triton_moe.w4_mma")])
+def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_forward(interp, hook, layout):
+    r = interp(_run_hook, False, hook)
     assert "error" not in r, r
+    assert r["packed"] == layout, r           # the layout of the hook's own kernel (W4Weight, W4Tiles)
     assert max(r["errs"]) < 1e-2, r          # our kernel on the repacked engine tensors: the right answer
     assert r["freed"] == [True, True], r      # the engine's copy is gone once checked (first) / at load (rest)
     assert r["checked"] == [False, None], r   # the first layer was checked, once
 
 
-def test_a_kernel_that_disagrees_with_the_engine_fails_the_first_forward(interp):
-    r = interp(_run_hook, True)
-    assert "differs from Marlin on the first forward" in r.get("error", ""), r
+@pytest.mark.parametrize("hook", ["moebench_w4", "moebench_mma"])
+def test_a_kernel_that_disagrees_with_the_engine_fails_the_first_forward(interp, hook):
+    r = interp(_run_hook, True, hook)
+    assert f"{hook} differs from Marlin on the first forward" in r.get("error", ""), r
+
+
+def test_an_unknown_hook_is_refused_by_name():
+    with pytest.raises(ValueError, match="'moebench_nope': not one of moebench_w4, moebench_mma"):
+        vllm_moe_hook.install(_method_class(False), "moebench_nope")
 
 
 def test_layers_the_kernel_does_not_cover_keep_the_engine_kernel():
@@ -131,3 +140,18 @@ def test_the_plugin_folder_declares_register_as_a_vllm_general_plugin():
 def test_register_does_nothing_without_the_variable(monkeypatch):
     monkeypatch.delenv(vllm_moe_hook.ENV, raising=False)
     vllm_moe_hook.register()  # would import vllm (absent here) if it acted
+
+
+def test_register_with_a_name_it_does_not_know_says_so_and_changes_nothing(monkeypatch, capsys):
+    monkeypatch.setenv(vllm_moe_hook.ENV, "w4")  # the variable's value before hooks had names
+    vllm_moe_hook.register()  # would import vllm (absent here) if it acted
+    assert "MOEBENCH_VLLM_MOE='w4': not one of moebench_w4, moebench_mma" in capsys.readouterr().err
+
+
+def test_no_hook_name_contains_another():
+    """The engine check accepts a used kernel whose name contains the expected one (vLLM maps pins to
+    longer class names): a hook named inside another would let one hook's case pass on the other's kernel."""
+    from moebench.decode.runner import _norm
+
+    names = [_norm(h) for h in vllm_moe_hook.HOOKS]
+    assert not [(a, b) for a in names for b in names if a != b and a in b]

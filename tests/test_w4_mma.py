@@ -110,6 +110,34 @@ def test_fused_moe_w4_mma_matches_the_float32_reference(interp, M, K, I, topk, u
 
 
 def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
-    assert w4_kernels.get().name == w4_kernels.DEFAULT == "mma"
+    # rows4 stays the default until a suite run has measured mma beside it (w4_kernels.py)
+    assert w4_kernels.get().name == w4_kernels.DEFAULT == "rows4"
     with pytest.raises(ValueError, match="'nope': not one of mma, rows4"):
         w4_kernels.get("nope")
+
+
+
+
+@pytest.mark.parametrize("backend, impl, path", [("triton", "w4", "w4_rows4"), ("triton_mma", "w4_mma", "w4_mma")])
+def test_each_triton_backend_builds_its_own_int4_decode_kernel(backend, impl, path):
+    """What each backend's cases time (the kernels themselves meet the float32 reference above and in
+    test_w4.py; the suite's runner.check runs before every timing)."""
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.workload import Workload
+
+    case = GemmCase("tiny", 8, "fused", 1, "int4-g32", "decode", backend)
+    built = BACKENDS[backend].build(case, Workload(GemmCase("tiny", 8, "fused", 1, "int4-g32", "decode", "-"), "cpu"))
+    assert (built.info["impl"], built.info["config"]["path"]) == (f"moebench.gemm.triton_moe.{impl}", path)
+    assert len(built.calls) == 16  # one per rotation
+
+def test_the_mma_backend_is_a_decode_kernel_for_int4_g32_fused_only():
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import GemmCase
+
+    mma = BACKENDS["triton_mma"]
+    case = lambda m, dtype="int4-g32", op="fused": GemmCase("kimi-k2.5", 8, op, m, dtype, "decode", "triton_mma")  # noqa: E731
+    assert mma.supports(case(1)) and mma.supports(case(16))
+    assert not mma.supports(case(32)) and not mma.supports(case(1, "bf16")) and not mma.supports(case(1, op="gemm1"))
+    assert mma.unavailable(case(32), "cuda", (9, 0)) == "triton_mma is a decode kernel for M <= 16, the case has M = 32"
+    assert mma.unavailable(case(1), "cuda", (7, 5)).startswith("triton_mma with int4-g32 needs compute capability >= 8.0")

@@ -44,7 +44,7 @@ def engine_env(case: DecodeCase, base: dict[str, str] | None = None) -> dict[str
 
     env.pop(vllm_moe_hook.ENV, None)  # a stray variable must not swap the kernel of a Marlin case
     if case.scenario.moe_hook:
-        env[vllm_moe_hook.ENV] = "w4"
+        env[vllm_moe_hook.ENV] = case.scenario.moe_hook
         front.append(vllm_moe_hook.hook_path())  # its .dist-info makes vLLM load the hook
     env["PYTHONPATH"] = os.pathsep.join(front + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                  if p and p not in front])

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moebench.decode import models
+from moebench.decode import models, vllm_moe_hook
 from moebench.decode.categories import CATEGORIES, MAP_VERSION
 from moebench.decode.stats import STEADY_WINDOW
 
@@ -29,13 +29,14 @@ MOE_MARKERS = {
     ("vllm", "triton"): "vllm_triton",
     ("vllm", "marlin"): "vllm_marlin",
     ("vllm", "flashinfer_cutlass"): "flashinfer_cutlass",
-    ("vllm", "moebench_w4"): "triton",  # moebench's own Triton kernel, through the engine hook
+    ("vllm", "moebench_w4"): "triton",  # moebench's own Triton kernels, through the engine hook
+    ("vllm", "moebench_mma"): "triton_mma",
     ("sglang", "flashinfer_cutlass"): "flashinfer_cutlass",
 }
 
 
-# engine hooks a scenario may name in moe_hook (vllm_moe_hook.py)
-MOE_HOOKS = ("moebench_w4",)
+# engine hooks a scenario may name in moe_hook
+MOE_HOOKS = tuple(vllm_moe_hook.HOOKS)
 
 
 class ScenarioError(ValueError):
@@ -83,7 +84,7 @@ class Scenario:
     rel_tol_ms_per_token: float = 0.10
     rel_tol_ttft: float = 0.20
     expect_moe: str = ""
-    moe_hook: str = ""  # "moebench_w4": vLLM runs our rows-4 int4 kernel in place of Marlin (vllm_moe_hook.py)
+    moe_hook: str = ""  # "moebench_w4" / "moebench_mma": vLLM runs our int4 kernel in place of Marlin (vllm_moe_hook.py)
     profile_steps: int = 0
     gate_categories: tuple[str, ...] = ()
     rel_tol_category: float = 0.05

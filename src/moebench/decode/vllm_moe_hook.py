@@ -2,14 +2,17 @@
 W4A16 (group 32, symmetric) experts, so a decode scenario measures our kernel inside the engine's step.
 
 It is an entry point (group `vllm.general_plugins`), not an edit of vLLM: `hook_path()` writes a
-.dist-info folder declaring it, and a scenario with `moe_hook = "moebench_w4"` puts that folder on the
-engine's PYTHONPATH with MOEBENCH_VLLM_MOE=w4 (decode/commands.py). vLLM calls `register()` in each of
-its processes; without the variable it does nothing.
+.dist-info folder declaring it, and a scenario with `moe_hook = NAME` (a key of HOOKS) puts that folder
+on the engine's PYTHONPATH with MOEBENCH_VLLM_MOE=NAME (decode/commands.py). vLLM calls `register()` in
+each of its processes; without the variable, or with a name not in HOOKS, it does nothing.
+
+HOOKS names the kernel each hook runs (w4_kernels.KERNELS): `moebench_w4` the rows-4 CUDA-core kernel,
+`moebench_mma` the 16-row tensor-core kernel. Neither name contains the other, because the engine check
+(decode/runner.check_choices) accepts a used kernel whose name contains the expected one.
 
 What it changes, per MoE layer whose method is vLLM's CompressedTensorsWNA16MarlinMoEMethod:
   * process_weights_after_loading: the engine's own loaded weights (int32 [E, K/8, N] + scales) are
-    repacked once into our kernel's layout (w4_kernels.DEFAULT: the 16-row tensor-core kernel), then
-    vLLM's Marlin repack runs as usual. The first such
+    repacked once into the hook's kernel's layout, then vLLM's Marlin repack runs as usual. The first such
     layer keeps its Marlin weights for the check below; every other layer's Marlin copy is freed, so
     the engine holds one copy of the experts, as with Marlin alone.
   * apply: our fused MoE (that kernel's fused_moe). On the first forward outside CUDA-graph capture (vLLM's
@@ -19,8 +22,8 @@ What it changes, per MoE layer whose method is vLLM's CompressedTensorsWNA16Marl
 Layers the kernel does not cover (act order, another group size or bit width, expert parallelism, a
 non-SiLU activation, row counts the 16-row tiles do not divide) keep Marlin and say so in the log.
 
-The log line "Using moebench_w4 backend for WNA16 MoE" is what the decode case's engine check reads
-(engine_log.py): a scenario expecting moebench_w4 fails if the hook did not take over.
+The log line "Using NAME backend for WNA16 MoE" is what the decode case's engine check reads
+(engine_log.py): a scenario expecting NAME fails if the hook did not take over.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ import tempfile
 from pathlib import Path
 
 ENV = "MOEBENCH_VLLM_MOE"
-HOOK_NAME = "moebench_w4"
+# hook name (a scenario's moe_hook and expect_moe, the name the engine logs) -> our kernel it runs
+HOOKS = {"moebench_w4": "rows4", "moebench_mma": "mma"}
+_PLUGIN = "moebench_moe_hook"  # the entry point's name (vLLM's VLLM_PLUGINS filter reads it)
 CHECK_BOUND = 2e-2  # two bf16 kernels with different summation orders read ~1e-3 apart; garbage reads ~1
 _DIST = "moebench_vllm_hook-0.1.dist-info"
 
@@ -43,7 +48,7 @@ def hook_path() -> str:
 
     root = Path(tempfile.gettempdir()) / f"moebench-vllm-hook-{os.getuid()}"
     dist = root / _DIST
-    entry = f"[vllm.general_plugins]\n{HOOK_NAME} = {__name__}:register\n"
+    entry = f"[vllm.general_plugins]\n{_PLUGIN} = {__name__}:register\n"
     if not (dist / "entry_points.txt").is_file() or (dist / "entry_points.txt").read_text() != entry:
         dist.mkdir(parents=True, exist_ok=True)
         atomic_write_text(dist / "METADATA", "Metadata-Version: 2.1\nName: moebench-vllm-hook\nVersion: 0.1\n")
@@ -86,16 +91,18 @@ def _free_marlin(layer) -> None:
         _free(getattr(layer, name))
 
 
-def install(method_cls) -> None:
+def install(method_cls, hook: str = "moebench_w4") -> None:
     """Patch `method_cls` (vLLM's CompressedTensorsWNA16MarlinMoEMethod or a stand-in with its
-    interface) in place. Idempotent."""
+    interface) in place to run the kernel of `hook` (a key of HOOKS). Idempotent."""
     if getattr(method_cls, "_moebench_w4", False):
         return
     import torch
 
     from moebench.gemm.triton_moe import w4_kernels
 
-    kernel = w4_kernels.get()
+    if hook not in HOOKS:
+        raise ValueError(f"moebench vllm hook {hook!r}: not one of {', '.join(HOOKS)}")
+    kernel = w4_kernels.get(HOOKS[hook])
 
     orig_process, orig_apply = method_cls.process_weights_after_loading, method_cls.apply
     state = {"check_layer": None, "announced": False}
@@ -117,7 +124,7 @@ def install(method_cls) -> None:
         if not state["announced"]:
             state["announced"] = True
             # the engine check reads this line (engine_log.py): "Using X backend for WNA16 MoE"
-            _say(f"Using {HOOK_NAME} backend for WNA16 MoE (moebench {kernel.name} int4 Triton kernel in place of Marlin)")
+            _say(f"Using {hook} backend for WNA16 MoE (moebench {kernel.name} int4 Triton kernel in place of Marlin)")
 
     pdl = [None]
 
@@ -136,7 +143,7 @@ def install(method_cls) -> None:
             _free_marlin(layer)
             where = f"{getattr(layer, 'layer_name', 'first MoE layer')}, M={x.shape[0]}"
             if not err < CHECK_BOUND:  # NaN fails too
-                raise RuntimeError(f"moebench_w4 differs from Marlin on the first forward ({where}): relative "
+                raise RuntimeError(f"{hook} differs from Marlin on the first forward ({where}): relative "
                                    f"error {err:.3e} >= {CHECK_BOUND:.0e}")
             _say(f"first forward checked against Marlin ({where}): relative error {err:.2e}")
         return out
@@ -147,10 +154,15 @@ def install(method_cls) -> None:
 
 
 def register() -> None:
-    """vLLM calls this in each of its processes (general plugin); active only with MOEBENCH_VLLM_MOE=w4."""
-    if os.environ.get(ENV, "") != "w4":
+    """vLLM calls this in each of its processes (general plugin); active only with MOEBENCH_VLLM_MOE set
+    to a hook's name (HOOKS)."""
+    hook = os.environ.get(ENV, "")
+    if not hook:
+        return
+    if hook not in HOOKS:  # the case's engine check then fails on the kernel the engine reports
+        _say(f"{ENV}={hook!r}: not one of {', '.join(HOOKS)}; the engine keeps its own kernel")
         return
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
         compressed_tensors_moe_wna16_marlin as marlin_moe)
 
-    install(marlin_moe.CompressedTensorsWNA16MarlinMoEMethod)
+    install(marlin_moe.CompressedTensorsWNA16MarlinMoEMethod, hook)

@@ -45,14 +45,17 @@ class Backend:
     # dtype -> relative error bound, where the backend's own arithmetic is coarser than the dtype's
     # default bound (runner.ERROR_BOUND); each override says why where it is set.
     error_bounds: dict = field(default_factory=dict)
+    max_m: int | None = None                # a decode-only kernel's largest M (None: any)
 
     def supports(self, case: GemmCase) -> bool:
-        """Static capability: the op and dtype are ones this backend implements at all."""
-        return case.op in self.ops and case.dtype in self.dtypes
+        """Static capability: the op, dtype and M are ones this backend implements at all."""
+        return case.op in self.ops and case.dtype in self.dtypes and (self.max_m is None or case.m <= self.max_m)
 
     def unavailable(self, case: GemmCase, device: str, cc: tuple[int, int] | None) -> str | None:
         """Why this backend cannot run the case on this machine, or None. Names what is missing."""
         if not self.supports(case):
+            if self.max_m is not None and case.m > self.max_m:
+                return f"{self.name} is a decode kernel for M <= {self.max_m}, the case has M = {case.m}"
             return f"{self.name} does not implement op {case.op} with {case.dtype}"
         for mod in self.modules:
             if importlib.util.find_spec(mod.split(".")[0]) is None or (

@@ -1,4 +1,10 @@
-"""`triton`: moebench's own Triton grouped GEMM and decode-first fused MoE (moebench.gemm.triton_moe)."""
+"""moebench's own Triton kernels (moebench.gemm.triton_moe) as two backends:
+
+    triton      the grouped GEMM and decode-first fused MoE; int4-g32 fused at decode M runs the rows-4
+                kernel (w4_kernels.DEFAULT)
+    triton_mma  int4-g32 fused at decode M on the 16-row tensor-core kernel (w4_mma.py), beside it until
+                a suite run shows which of the two should be `triton`'s (w4_kernels.py says why)
+"""
 
 from __future__ import annotations
 
@@ -25,8 +31,8 @@ def _triton_weight(wl, which: str):
 
 
 def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
-    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "mma",
-    the default, or "rows4"), weights repacked once. config: (up, down) KernelConfigs (default: that
+    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "rows4",
+    the default, or "mma"), weights repacked once. config: (up, down) KernelConfigs (default: that
     kernel's table, which w4_tune.py writes)."""
     from moebench.gemm.triton_moe import w4_kernels
 
@@ -50,8 +56,8 @@ def build(case: GemmCase, wl, config=None) -> Built:
     from moebench.gemm.triton_moe.config import GEMV_MAX_M
 
     op = case.op
-    # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the rows-4 kernel has its
-    # own table and tuner (w4_tune.py), so it runs only when no config is forced.
+    # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the int4 decode kernels
+    # have their own tables and tuner (w4_tune.py), so they run only when no config is forced.
     if config is None and op == "fused" and case.dtype == "int4-g32" and wl.M <= GEMV_MAX_M:
         return build_w4(case, wl)
     names = {"fused": ("w1", "w2"), "expert": ("w1_gate",), "gemm1": ("w1",), "gemm2": ("w2",)}[op]
@@ -97,4 +103,14 @@ triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), fro
     "moebench's own Triton grouped GEMM / fused MoE", modules=("triton",), min_cc=(8, 0),
     dtype_min_cc={"fp8-tensor": (8, 9), "fp8-block128": (8, 9)})
 
-TRITON_BACKENDS = (triton,)
+def build_mma(case: GemmCase, wl) -> Built:
+    """int4-g32 fused MoE on the tensor-core int4 decode kernel, at its own tiles."""
+    return build_w4(case, wl, kernel="mma")
+
+
+# M <= 16: one (token, slot) pair per up program, the range its tiles were tuned for (w4_tune.py)
+triton_mma = Backend("triton_mma", frozenset({"fused"}), frozenset({"int4-g32"}), build_mma,
+                     "moebench's tensor-core int4 W4A16 decode kernel (16-row tiles on mma.sync)",
+                     modules=("triton",), min_cc=(8, 0), max_m=16)
+
+TRITON_BACKENDS = (triton, triton_mma)

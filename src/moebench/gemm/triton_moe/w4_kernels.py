@@ -1,12 +1,16 @@
-"""Our int4 W4A16 (group 32) decode kernels by name, and which one the suite and the engine hook run.
+"""Our int4 W4A16 (group 32) decode kernels by name, and the one the `triton` backend runs.
 
-    mma    w4_mma.py: 16-row weight tiles decoded into tensor-core (mma.sync) fragments; the default
-    rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores
+    rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the default: the
+           `triton` backend's int4-g32 decode cases and the `moebench_w4` engine hook run it, and the
+           committed H200 baselines and docs/triton-moe-notes.md (version 4) measured it
+    mma    w4_mma.py: 16-row weight tiles decoded into tensor-core (mma.sync) fragments; the
+           `triton_mma` backend and the `moebench_mma` engine hook run it (version 5 in the notes)
 
 Each entry packs weights from the generic int4 layout (quant.py) or from vLLM's compressed-tensors
 tensors, runs the fused MoE (fused_moe semantics) and picks tiles (its configs.json table, written by
-w4_tune.py). On an H200 the mma kernel was 5-17% faster than rows4 at M = 1..16 and 10-16% faster than
-Marlin at M = 16, where rows4 was 5% slower on DeepSeek-V3 (docs/triton-moe-notes.md, version 5).
+w4_tune.py). Why mma is not the default: its tiles were tuned on an H200, but no suite run has measured
+it beside rows4 and Marlin yet; the two run as separate backends (one baseline entry each) until one
+does, and the default follows that run's numbers.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ KERNELS = {
                     w4_mma.mma_config, "w4mma"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
 }
-DEFAULT = "mma"
+DEFAULT = "rows4"
 
 
 def get(name: str | None = None) -> W4Kernel:
