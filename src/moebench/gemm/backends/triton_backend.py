@@ -103,6 +103,7 @@ triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), fro
     "moebench's own Triton grouped GEMM / fused MoE", modules=("triton",), min_cc=(8, 0),
     dtype_min_cc={"fp8-tensor": (8, 9), "fp8-block128": (8, 9)})
 
+
 def build_mma(case: GemmCase, wl) -> Built:
     """int4-g32 fused MoE on the tensor-core int4 decode kernel, at its own tiles."""
     return build_w4(case, wl, kernel="mma")
