@@ -84,12 +84,14 @@ def specs() -> list[Spec]:
     out.append(Spec("w4_down", w4_kernel.moebench_w4_down, w4, dict(
         K=256, SLOTS=8, SLOTS_P=8, BLOCK_N=8, BLOCK_K=256, N_TILES=4, PDL_WAIT=True, USE_ASM=True),
         opts=dict(launch_pdl=True)))
-    # the 16-row int4 tensor-core decode kernel (w4_mma_kernel.py): up 16 rows x 4 lane sets, down 64 rows
+    # the 16-row int4 tensor-core decode kernel (w4_mma_kernel.py) at its tuned Kimi-K2.5 tiles (configs.json
+    # w4mma|...|4 up: 16 rows x 4 lane sets of 4 groups; |1 down: 32 rows x 2 lane sets of 4 groups). Down
+    # at 64 rows in one lane set of 2 groups (RT=4, KS=1, GPI=2) needs 255 registers and spills 400 B.
     out.append(Spec("w4mma_up", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, RT=1, KS=4, GPI=4,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True)))
     out.append(Spec("w4mma_down", w4_mma_kernel.moebench_w4_mma, w4, dict(
-        K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, RT=4, KS=1, GPI=2,
+        K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, RT=2, KS=2, GPI=4,
         PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), opts=dict(launch_pdl=True)))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
