@@ -112,3 +112,15 @@ def w_dequant(q, s, W_MODE: tl.constexpr, W_GROUP: tl.constexpr):
 def silu_mul(gate, up):
     """silu(gate) * up in float32."""
     return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def bf16_lo(v):
+    """The bf16 in the low half of an int32 as f32 (the int4 decode kernels read bf16 pairs as words)."""
+    return (v << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bf16_hi(v):
+    """The bf16 in the high half of an int32 as f32 (-65536 is 0xFFFF0000)."""
+    return (v & -65536).to(tl.float32, bitcast=True)

@@ -33,7 +33,7 @@ the float32 reference before anything is timed.
 import triton
 import triton.language as tl
 
-from .tiles import silu_mul
+from .tiles import bf16_hi, bf16_lo, silu_mul
 
 
 def _row_asm(r: int) -> str:
@@ -79,18 +79,6 @@ QUAD_ASM = tl.constexpr(_quad_asm())
 
 
 @triton.jit
-def _bf16_lo(v):
-    """The bf16 in the low half of an int32 as f32."""
-    return (v << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _bf16_hi(v):
-    """The bf16 in the high half of an int32 as f32 (-65536 is 0xFFFF0000)."""
-    return (v & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _row_ref(w, xs, s, c):
     """c + s * sum_k x_k (q_k - 8) for one row's word w (nibble k = bits 4k..4k+3), in plain Triton ops."""
     p = tl.zeros(w.shape, tl.float32)
@@ -109,10 +97,10 @@ def _quad(w0, w1, w2, w3, a0, a1, a2, a3, s01, s23, c0, c1, c2, c3, USE_ASM: tl.
             [w0, w1, w2, w3, a0, a1, a2, a3, s01, s23, c0, c1, c2, c3],
             dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
     else:
-        xs = (_bf16_lo(a0), _bf16_hi(a0), _bf16_lo(a1), _bf16_hi(a1),
-              _bf16_lo(a2), _bf16_hi(a2), _bf16_lo(a3), _bf16_hi(a3))
-        return (_row_ref(w0, xs, _bf16_lo(s01), c0), _row_ref(w1, xs, _bf16_hi(s01), c1),
-                _row_ref(w2, xs, _bf16_lo(s23), c2), _row_ref(w3, xs, _bf16_hi(s23), c3))
+        xs = (bf16_lo(a0), bf16_hi(a0), bf16_lo(a1), bf16_hi(a1),
+              bf16_lo(a2), bf16_hi(a2), bf16_lo(a3), bf16_hi(a3))
+        return (_row_ref(w0, xs, bf16_lo(s01), c0), _row_ref(w1, xs, bf16_hi(s01), c1),
+                _row_ref(w2, xs, bf16_lo(s23), c2), _row_ref(w3, xs, bf16_hi(s23), c3))
 
 
 @triton.jit

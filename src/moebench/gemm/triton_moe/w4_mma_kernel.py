@@ -30,7 +30,7 @@ the asm or warps, so USE_ASM = False computes each lane's own 8-k partial with T
 import triton
 import triton.language as tl
 
-from .tiles import silu_mul
+from .tiles import bf16_hi, bf16_lo, silu_mul
 
 
 def _dequant(word: str, tile: int) -> list[str]:
@@ -66,18 +66,6 @@ GROUP_ASM = tl.constexpr(_group_asm())
 
 
 @triton.jit
-def _bf16_lo(v):
-    """The bf16 in the low half of an int32 as f32."""
-    return (v << 16).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _bf16_hi(v):
-    """The bf16 in the high half of an int32 as f32 (-65536 is 0xFFFF0000)."""
-    return (v & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _nib(w, j: tl.constexpr):
     """Nibble j of w as the signed weight q = n - 8."""
     return ((w >> (4 * j)) & 15).to(tl.float32) - 8.0
@@ -88,13 +76,13 @@ def _lane_ref(w0, w1, x0, x1, x2, x3, s, c0, c2):
     """The lane's own part of the group without the mma: rows g (c0) and g + 8 (c2) over its 8 k.
     Word nibble j holds row g + 8 (j & 1), k 4 t + 2 ((j >> 1) & 1) + (j >> 2) of the lane's 8; x
     word 2 t + p holds k 4 t + 2 p (low half) and + 1 (high half)."""
-    xs = (_bf16_lo(x0), _bf16_hi(x0), _bf16_lo(x1), _bf16_hi(x1),
-          _bf16_lo(x2), _bf16_hi(x2), _bf16_lo(x3), _bf16_hi(x3))
+    xs = (bf16_lo(x0), bf16_hi(x0), bf16_lo(x1), bf16_hi(x1),
+          bf16_lo(x2), bf16_hi(x2), bf16_lo(x3), bf16_hi(x3))
     p0 = (_nib(w0, 0) * xs[0] + _nib(w0, 4) * xs[1] + _nib(w0, 2) * xs[2] + _nib(w0, 6) * xs[3]
           + _nib(w1, 0) * xs[4] + _nib(w1, 4) * xs[5] + _nib(w1, 2) * xs[6] + _nib(w1, 6) * xs[7])
     p2 = (_nib(w0, 1) * xs[0] + _nib(w0, 5) * xs[1] + _nib(w0, 3) * xs[2] + _nib(w0, 7) * xs[3]
           + _nib(w1, 1) * xs[4] + _nib(w1, 5) * xs[5] + _nib(w1, 3) * xs[6] + _nib(w1, 7) * xs[7])
-    return c0 + _bf16_lo(s) * p0, c2 + _bf16_hi(s) * p2
+    return c0 + bf16_lo(s) * p0, c2 + bf16_hi(s) * p2
 
 
 @triton.jit
