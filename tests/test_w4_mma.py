@@ -116,20 +116,19 @@ def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
         w4_kernels.get("nope")
 
 
-
-
 @pytest.mark.parametrize("backend, impl, path", [("triton", "w4", "w4_rows4"), ("triton_mma", "w4_mma", "w4_mma")])
 def test_each_triton_backend_builds_its_own_int4_decode_kernel(backend, impl, path):
     """What each backend's cases time (the kernels themselves meet the float32 reference above and in
     test_w4.py; the suite's runner.check runs before every timing)."""
     from moebench.gemm.backends import BACKENDS
-    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.cases import ROTATIONS, GemmCase
     from moebench.gemm.workload import Workload
 
     case = GemmCase("tiny", 8, "fused", 1, "int4-g32", "decode", backend)
     built = BACKENDS[backend].build(case, Workload(GemmCase("tiny", 8, "fused", 1, "int4-g32", "decode", "-"), "cpu"))
     assert (built.info["impl"], built.info["config"]["path"]) == (f"moebench.gemm.triton_moe.{impl}", path)
-    assert len(built.calls) == 16  # one per rotation
+    assert len(built.calls) == ROTATIONS  # one per rotation
+
 
 def test_the_mma_backend_is_a_decode_kernel_for_int4_g32_fused_only():
     from moebench.gemm.backends import BACKENDS
