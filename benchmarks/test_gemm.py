@@ -82,5 +82,5 @@ def test_gemm(case: GemmCase, moebench, request):
         info.update(extra)
         return metrics
 
-    moebench.record(case.key, "gemm", case.definition(), measure, info=info,
+    moebench.record(case.key, "gemm", runner.definition(case, device), measure, info=info,
                     primary="wall_us" if device == "cpu" else "graph_us", group=case.shape_id)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import pytest
 
+from moebench.method import cpu_timer_method, gpu_timer_method
 from moebench.metrics import Metric
 from moebench.selfcheck import CopyWork, aa_check, interleaved, sensitivity_check
 from moebench.timing import StopRule
@@ -38,10 +39,13 @@ def _work(device: str, scale: float = 1.0) -> CopyWork:
     return CopyWork(n, device)
 
 
-def _definition(work: CopyWork, **axes) -> dict:
-    # A CPU copy is timed in one thread (CopyWork.time); the key is left out on GPUs, so the definition
-    # hashes of their committed baselines stay as recorded.
-    return {**axes, "bytes": work.nbytes, "device": work.device, **({"cpu_threads": 1} if work.device == "cpu" else {})}
+def _definition(work: CopyWork, mode: str = "graph", **axes) -> dict:
+    # A CPU copy is timed in one thread (CopyWork.time). The method (timer, warm-up, stopping rule) is
+    # part of the definition: a changed timer makes the stored entries STALE (moebench.method).
+    method = (cpu_timer_method(RULE) if work.device == "cpu"
+              else gpu_timer_method(RULE, mode=mode, l2=f"{work.rotate} rotated buffers of {work.nbytes} bytes"))
+    return {**axes, "bytes": work.nbytes, "device": work.device, "method": method,
+            **({"cpu_threads": 1} if work.device == "cpu" else {})}
 
 
 def _spread_metric(check) -> Metric:
@@ -63,7 +67,7 @@ def test_copy_bandwidth(moebench):
                 "session_read_ceiling_GBps": Metric(read / 1e9, "GB/s", "higher", gated=False)}
 
     moebench.record(f"selfcheck[copy-{work.nbytes >> 20}MiB-{device}]", "selfcheck",
-                    _definition(work, op="copy", rotate=work.rotate, timer="eager"), measure,
+                    _definition(work, "eager", op="copy", rotate=work.rotate, timer="eager"), measure,
                     info={"session_ceiling_GBps": ceiling / 1e9, "session_read_ceiling_GBps": read / 1e9})
 
 
@@ -114,7 +118,8 @@ def test_graph_timer_agrees_with_do_bench(moebench):
     assert err < 1e-2, f"matmul check failed: relative error {err:.2e}"
 
     calls = [lambda: torch.matmul(a, b, out=out)] * r
-    ours = Metric.from_samples([s * 1e6 for s in graph_timer(calls, StopRule(min_samples=30, max_seconds=3))],
+    rule = StopRule(min_samples=30, max_seconds=3)
+    ours = Metric.from_samples([s * 1e6 for s in graph_timer(calls, rule)],
                                "us", "lower", rel_tol=0.05)
     graph = capture_graph(torch, calls)
     theirs = testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median") * 1e3 / r
@@ -122,7 +127,8 @@ def test_graph_timer_agrees_with_do_bench(moebench):
     diff = 100 * (ours.value - theirs) / theirs
     assert abs(diff) < 3, f"graph timer {ours.value:.2f} us vs do_bench {theirs:.2f} us: {diff:+.1f}% (limit 3%)"
     moebench.record(f"selfcheck[matmul-{n}-bf16-graph-vs-do_bench]", "selfcheck",
-                    {"op": "matmul", "n": n, "dtype": "bf16", "graph_calls": r},
+                    {"op": "matmul", "n": n, "dtype": "bf16", "graph_calls": r,
+                     "method": gpu_timer_method(rule, mode="graph", l2="one buffer set (the check is of the timer)")},
                     lambda: {"graph_us": ours, "do_bench_graph_us": Metric(theirs, "us", "lower", gated=False),
                              "do_bench_single_call_us": Metric(single, "us", "lower", gated=False),
                              "diff_pct": Metric(diff, "%", "lower", gated=False)}, primary="graph_us")

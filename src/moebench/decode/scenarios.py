@@ -17,6 +17,7 @@ from typing import Any
 from moebench.decode import models, vllm_moe_hook
 from moebench.decode.categories import CATEGORIES, MAP_VERSION
 from moebench.decode.stats import STEADY_WINDOW
+from moebench.method import steady_state_rule
 
 ENGINES = ("vllm", "vllm-server", "sglang-server")
 DEVICES = ("cuda", "cpu")
@@ -219,7 +220,7 @@ class DecodeCase:
             "prompt_tokens": s.prompt_tokens, "output_tokens": s.output_tokens, "batch": 1, "sampling": "greedy",
             "prefix_caching": False, "gpu_memory_utilization": s.gpu_memory_fraction,
             # how ms_per_token is read from the timeline (a changed rule makes stored entries STALE)
-            "steady_state": f"median of {STEADY_WINDOW}-token windows",
+            "steady_state": steady_state_rule(STEADY_WINDOW),
             # what the gated breakdown categories mean (only where they are measured and gated)
             **({"breakdown_map": MAP_VERSION} if s.gate_categories and self.engine_kind == "vllm" else {}),
             "server_args": list(s.server_args), "engine_kwargs": dict(s.engine_kwargs), "env": dict(s.env),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from moebench.method import cpu_timer_method, gpu_timer_method
 from moebench.metrics import Metric
 from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
@@ -14,6 +15,15 @@ ERROR_BOUND = {"bf16": 1e-2, "int4-g32": 1e-2, "int4-g128": 1e-2, "nvfp4": 1e-2,
                "fp8-block128": 1e-1}
 GPU_RULE = StopRule(min_samples=10, max_samples=100, max_seconds=0.4, target_noise=0.01)
 CPU_RULE = StopRule(min_samples=5, max_samples=30, max_seconds=2.0, target_noise=0.02)
+# How the GPU timing keeps L2 out of the number (Workload.needs_l2_flush decides per case and device).
+L2_RULE = "R rotated routings and inputs; L2 flushed before every call when their weights are under 2x L2"
+
+
+def definition(case, device: str) -> dict:
+    """A gemm case's definition on a device: its axes (GemmCase.definition) and the method that times its
+    gated metric there (graph time on a GPU, wall clock on a CPU). A changed method makes entries STALE."""
+    method = cpu_timer_method(CPU_RULE) if device == "cpu" else gpu_timer_method(GPU_RULE, mode="graph", l2=L2_RULE)
+    return {**case.definition(), "method": method}
 
 
 def _poison(built, wl) -> None:
