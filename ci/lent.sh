@@ -12,7 +12,7 @@
 #     selfcheck                -m selfcheck
 #     gemm                     -m gemm (every backend; this machine's sweep winners applied first)
 #     gemm-torch               -m "gemm and (torch_loop or torch_bmm or torch_grouped_mm)"
-#     gemm-triton              -m "gemm and (triton or triton_mma)" (this machine's sweep winners applied first)
+#     gemm-triton              -m "gemm and (triton or triton_rows4)" (this machine's sweep winners applied first)
 #     gemm-vllm                -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)"
 #     decode                   -m decode
 #     allreduce                -m allreduce, on every GPU (nvidia-smi topo -m kept beside the results)
@@ -73,7 +73,7 @@ case "$phase" in
   selfcheck) family=selfcheck rec="selfcheck" gate="selfcheck" ;;
   gemm) family=gemm rec="gemm" gate="gemm" ;;
   gemm-torch) family=gemm rec="$gemm_torch" gate="$gemm_torch" ;;
-  gemm-triton) family=gemm rec="gemm and (triton or triton_mma)" gate="$rec" ;;
+  gemm-triton) family=gemm rec="gemm and (triton or triton_rows4)" gate="$rec" ;;
   gemm-vllm) family=gemm rec="gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" gate="$rec" ;;
   decode) family=decode rec="decode" gate="decode" ;;
   allreduce) family=allreduce rec="allreduce" gate="allreduce" ;;

@@ -264,7 +264,7 @@ def test_a_pin_the_log_does_not_mention_is_recorded_as_unchecked():
     assert check_choices(DecodeCase(_scenario(), "vllm"), {}) == "MoE kernel 'triton': not in the engine's log"
 
 
-@pytest.mark.parametrize("hook, marker", [("moebench_w4", "triton"), ("moebench_mma", "triton_mma")])
+@pytest.mark.parametrize("hook, marker", [("moebench_w4", "triton_rows4"), ("moebench_mma", "triton")])
 def test_an_engine_hook_scenario_is_its_own_case_with_its_own_marker(hook, marker):
     hooked = _scenario(moe_backend="auto", moe_hook=hook, expect_moe=hook)
     plain = _scenario(moe_backend="auto", expect_moe="marlin")

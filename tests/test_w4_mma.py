@@ -110,13 +110,13 @@ def test_fused_moe_w4_mma_matches_the_float32_reference(interp, M, K, I, topk, u
 
 
 def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
-    # rows4 stays the default until a suite run has measured mma beside it (w4_kernels.py)
-    assert w4_kernels.get().name == w4_kernels.DEFAULT == "rows4"
+    # mma is the default since a suite run measured it beside rows4 and Marlin (w4_kernels.py)
+    assert w4_kernels.get().name == w4_kernels.DEFAULT == "mma"
     with pytest.raises(ValueError, match="'nope': not one of mma, rows4"):
         w4_kernels.get("nope")
 
 
-@pytest.mark.parametrize("backend, impl, path", [("triton", "w4", "w4_rows4"), ("triton_mma", "w4_mma", "w4_mma")])
+@pytest.mark.parametrize("backend, impl, path", [("triton", "w4_mma", "w4_mma"), ("triton_rows4", "w4", "w4_rows4")])
 def test_each_triton_backend_builds_its_own_int4_decode_kernel(backend, impl, path):
     """What each backend's cases time (the kernels themselves meet the float32 reference above and in
     test_w4.py; the suite's runner.check runs before every timing)."""
@@ -130,13 +130,13 @@ def test_each_triton_backend_builds_its_own_int4_decode_kernel(backend, impl, pa
     assert len(built.calls) == ROTATIONS  # one per rotation
 
 
-def test_the_mma_backend_is_a_decode_kernel_for_int4_g32_fused_only():
+def test_the_rows4_backend_is_a_decode_kernel_for_int4_g32_fused_only():
     from moebench.gemm.backends import BACKENDS
     from moebench.gemm.cases import GemmCase
 
-    mma = BACKENDS["triton_mma"]
-    case = lambda m, dtype="int4-g32", op="fused": GemmCase("kimi-k2.5", 8, op, m, dtype, "decode", "triton_mma")  # noqa: E731
+    mma = BACKENDS["triton_rows4"]
+    case = lambda m, dtype="int4-g32", op="fused": GemmCase("kimi-k2.5", 8, op, m, dtype, "decode", "triton_rows4")  # noqa: E731
     assert mma.supports(case(1)) and mma.supports(case(16))
     assert not mma.supports(case(32)) and not mma.supports(case(1, "bf16")) and not mma.supports(case(1, op="gemm1"))
-    assert mma.unavailable(case(32), "cuda", (9, 0)) == "triton_mma is a decode kernel for M <= 16, the case has M = 32"
-    assert mma.unavailable(case(1), "cuda", (7, 5)).startswith("triton_mma with int4-g32 needs compute capability >= 8.0")
+    assert mma.unavailable(case(32), "cuda", (9, 0)) == "triton_rows4 is a decode kernel for M <= 16, the case has M = 32"
+    assert mma.unavailable(case(1), "cuda", (7, 5)).startswith("triton_rows4 with int4-g32 needs compute capability >= 8.0")

@@ -30,8 +30,9 @@ MOE_MARKERS = {
     ("vllm", "triton"): "vllm_triton",
     ("vllm", "marlin"): "vllm_marlin",
     ("vllm", "flashinfer_cutlass"): "flashinfer_cutlass",
-    ("vllm", "moebench_w4"): "triton",  # moebench's own Triton kernels, through the engine hook
-    ("vllm", "moebench_mma"): "triton_mma",
+    # moebench's own int4 Triton kernels, through the engine hook: the default one (mma) is `triton`
+    ("vllm", "moebench_mma"): "triton",
+    ("vllm", "moebench_w4"): "triton_rows4",
     ("sglang", "flashinfer_cutlass"): "flashinfer_cutlass",
 }
 

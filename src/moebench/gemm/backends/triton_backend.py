@@ -1,9 +1,9 @@
 """moebench's own Triton kernels (moebench.gemm.triton_moe) as two backends:
 
-    triton      the grouped GEMM and decode-first fused MoE; int4-g32 fused at decode M runs the rows-4
-                kernel (w4_kernels.DEFAULT)
-    triton_mma  int4-g32 fused at decode M on the 16-row tensor-core kernel (w4_mma.py), beside it until
-                a suite run shows which of the two should be `triton`'s (w4_kernels.py says why)
+    triton        the grouped GEMM and decode-first fused MoE; int4-g32 fused at decode M runs the
+                  tensor-core int4 kernel (w4_kernels.DEFAULT, "mma")
+    triton_rows4  int4-g32 fused at decode M on the earlier rows-4 CUDA-core kernel (w4.py), kept for
+                  comparison (w4_kernels.py says why mma became the default)
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ def _triton_weight(wl, which: str):
 
 
 def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
-    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "rows4",
-    the default, or "mma"), weights repacked once. config: (up, down) KernelConfigs (default: that
+    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "mma",
+    the default, or "rows4"), weights repacked once. config: (up, down) KernelConfigs (default: that
     kernel's table, which w4_tune.py writes)."""
     from moebench.gemm.triton_moe import w4_kernels
 
@@ -104,14 +104,14 @@ triton = Backend("triton", frozenset({"expert", "gemm1", "gemm2", "fused"}), fro
     dtype_min_cc={"fp8-tensor": (8, 9), "fp8-block128": (8, 9)})
 
 
-def build_mma(case: GemmCase, wl) -> Built:
-    """int4-g32 fused MoE on the tensor-core int4 decode kernel, at its own tiles."""
-    return build_w4(case, wl, kernel="mma")
+def build_rows4(case: GemmCase, wl) -> Built:
+    """int4-g32 fused MoE on the rows-4 CUDA-core int4 decode kernel, at its own tiles."""
+    return build_w4(case, wl, kernel="rows4")
 
 
-# M <= 16: one (token, slot) pair per up program, the range its tiles were tuned for (w4_tune.py)
-triton_mma = Backend("triton_mma", frozenset({"fused"}), frozenset({"int4-g32"}), build_mma,
-                     "moebench's tensor-core int4 W4A16 decode kernel (16-row tiles on mma.sync)",
-                     modules=("triton",), min_cc=(8, 0), max_m=16)
+# M <= 16: the range both int4 decode kernels' tiles were tuned for (w4_tune.py)
+triton_rows4 = Backend("triton_rows4", frozenset({"fused"}), frozenset({"int4-g32"}), build_rows4,
+                       "moebench's rows-4 int4 W4A16 decode kernel (CUDA cores; the tensor-core kernel is triton's)",
+                       modules=("triton",), min_cc=(8, 0), max_m=16)
 
-TRITON_BACKENDS = (triton, triton_mma)
+TRITON_BACKENDS = (triton, triton_rows4)

@@ -1,16 +1,18 @@
 """Our int4 W4A16 (group 32) decode kernels by name, and the one the `triton` backend runs.
 
-    rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the default: the
-           `triton` backend's int4-g32 decode cases and the `moebench_w4` engine hook run it, and the
-           committed H200 baselines and docs/triton-moe-notes.md (version 4) measured it
-    mma    w4_mma.py: 16-row weight tiles decoded into tensor-core (mma.sync) fragments; the
-           `triton_mma` backend and the `moebench_mma` engine hook run it (version 5 in the notes)
+    mma    w4_mma.py: 16-row weight tiles decoded into tensor-core (mma.sync) fragments; the default:
+           the `triton` backend's int4-g32 decode cases and the `moebench_mma` engine hook run it
+           (version 5 in docs/triton-moe-notes.md)
+    rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the
+           `triton_rows4` backend and the `moebench_w4` engine hook run it (version 4 in the notes)
 
 Each entry packs weights from the generic int4 layout (quant.py) or from vLLM's compressed-tensors
 tensors, runs the fused MoE (fused_moe semantics) and picks tiles (its configs.json table, written by
-w4_tune.py). Why mma is not the default: its tiles were tuned on an H200, but no suite run has measured
-it beside rows4 and Marlin yet; the two run as separate backends (one baseline entry each) until one
-does, and the default follows that run's numbers.
+w4_tune.py). Why mma is the default: measured beside rows4 and Marlin in one suite run on a fresh H200
+(2026-12-01, 733d5c3, graph time per call, 16 routings) it was faster than rows4 at every M <= 16 on
+Kimi-K2.5 and DeepSeek-V3 (Kimi M = 1: 14.3 against 16.1 us, Marlin 34.8; M = 16: 126.5 against 151.0,
+Marlin 152.0), and inside the engine (5.59 against 5.73 ms/token, Marlin 6.88). The committed H200
+baselines re-measure both (docs/baseline-runs.md).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ KERNELS = {
                     w4_mma.mma_config, "w4mma"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
 }
-DEFAULT = "rows4"
+DEFAULT = "mma"
 
 
 def get(name: str | None = None) -> W4Kernel:
