@@ -65,13 +65,21 @@ def valid_doc() -> dict:
 
 
 class FakeNvml:
-    """The NVML calls hardware.clock_monitor makes: `count` GPUs at `clock_mhz`, every sample reporting the
-    clocks-event (throttle) reasons bitmask `mask`."""
+    """The NVML calls hardware.clock_monitor makes: `count` GPUs at `clock_mhz` (memory at 3201 MHz,
+    drawing 650 W at 61 C), every sample reporting the clocks-event (throttle) reasons bitmask `mask`."""
 
     NVML_CLOCK_SM = 0
+    NVML_CLOCK_MEM = 1
+    NVML_TEMPERATURE_GPU = 0
 
     def __init__(self, mask: int = 0, count: int = 1, clock_mhz: int = 1980) -> None:
         self.mask, self.count, self.clock_mhz = mask, count, clock_mhz
+
+    def nvmlDeviceGetPowerUsage(self, handle):
+        return 650_000  # milliwatts
+
+    def nvmlDeviceGetTemperature(self, handle, sensor):
+        return 61
 
     def nvmlDeviceGetCount(self):
         return self.count
@@ -80,7 +88,7 @@ class FakeNvml:
         return i
 
     def nvmlDeviceGetClockInfo(self, handle, clock):
-        return self.clock_mhz
+        return self.clock_mhz if clock == self.NVML_CLOCK_SM else 3201
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle):
         return self.mask

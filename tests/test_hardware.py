@@ -150,6 +150,48 @@ def test_clock_monitor_reads_each_bit_of_the_reasons_mask(fake_nvml, mask, reaso
     assert report.samples >= 4 and report.min_sm_clock_mhz == report.max_sm_clock_mhz == 1980  # 2 GPUs, start + end
 
 
+def test_clock_monitor_records_memory_clock_power_and_temperature(fake_nvml):
+    # what tells two machines of one kind apart when they time one case differently
+    fake_nvml(0, count=1)
+    with hardware.clock_monitor() as report:
+        pass
+    got = report.to_json()
+    assert (got["min_mem_clock_mhz"], got["max_mem_clock_mhz"]) == (3201, 3201)
+    assert (got["min_power_w"], got["max_power_w"], got["min_temp_c"], got["max_temp_c"]) == (650.0, 650.0, 61, 61)
+
+
+def test_clock_report_ranges_span_every_sample():
+    r = ClockReport()
+    r.add(1980, 3201, 600_000, 55, 0)
+    r.add(1755, None, 700_000, 60, 0x4)
+    assert (r.min_sm_clock_mhz, r.max_sm_clock_mhz, r.min_mem_clock_mhz, r.max_mem_clock_mhz) == (1755, 1980, 3201, 3201)
+    assert (r.min_power_w, r.max_power_w, r.min_temp_c, r.max_temp_c) == (600.0, 700.0, 55, 60)
+    assert r.samples == 2 and r.reasons_seen == {"sw_power_cap"} and not r.throttled
+
+
+def test_machine_id_comes_from_the_gpu_uuids_not_the_host():
+    a = {"host": "runner-1", "gpus": [{"uuid": "GPU-aaaa"}, {"uuid": "GPU-bbbb"}]}
+    b = {"host": "runner-2", "gpus": [{"uuid": "GPU-bbbb"}, {"uuid": "GPU-aaaa"}]}
+    c = {"host": "runner-1", "gpus": [{"uuid": "GPU-cccc"}, {"uuid": "GPU-bbbb"}]}
+    assert hardware.machine_id(a) == hardware.machine_id(b)  # the same GPUs in another order, another host name
+    assert hardware.machine_id(a) != hardware.machine_id(c)  # one GPU swapped: another machine
+    assert hardware.machine_id(a).startswith("gpu-") and len(hardware.machine_id(a)) == 16
+    assert hardware.machine_id({"gpus": [{"uuid": None}]}) == "unknown"
+
+
+def test_machine_id_on_a_cpu_box_is_stable_and_in_the_fingerprint():
+    fp = hardware.fingerprint()
+    assert fp["machine_id"] == hardware.machine_id(fp) == hardware.machine_id(dict(fp, host="elsewhere"))
+    assert fp["machine_id"].startswith("cpu-") or fp["machine_id"] == "unknown"
+
+
+def test_cpu_change_names_both_models_only_when_they_differ():
+    rec, here = {"cpu": {"model": "Intel Xeon 8480"}}, {"cpu": {"model": "AMD EPYC 9654"}}
+    assert hardware.cpu_change(rec, here) == "CPU 'Intel Xeon 8480' at recording, 'AMD EPYC 9654' here"
+    assert hardware.cpu_change(rec, rec) == ""
+    assert hardware.cpu_change(None, here) == "" and hardware.cpu_change({"cpu": {}}, here) == ""
+
+
 def test_fingerprint_on_this_cpu_box_has_no_gpus_and_does_not_import_torch():
     # A fresh interpreter: in this one torch may already be imported by someone else's test.
     code = textwrap.dedent("""

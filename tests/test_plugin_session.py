@@ -19,15 +19,18 @@ from moebench.session import RunState
 
 HW = "test-hw-x1"
 DEFINITION = {"shape": [1, 7168, 256], "dtype": "bf16"}
-HERE = {"cpu": {"model": "Fake CPU"}, "gpus": [], "versions": {"torch": "2.13.0"}}
+HERE = {"cpu": {"model": "Fake CPU"}, "gpus": [], "versions": {"torch": "2.13.0"}, "machine_id": "cpu-000000000001"}
 
 
-def baseline_set(values: dict[str, float], *, fingerprint=HERE, definition=DEFINITION, extra=None) -> BaselineSet:
-    """One gemm file whose entry 'k[1]' stores the given metric values (lower is better, 5% tolerance)."""
+def baseline_set(values: dict[str, float], *, fingerprint=HERE, definition=DEFINITION, extra=None,
+                 machines=("cpu-000000000001",)) -> BaselineSet:
+    """One gemm file whose entry 'k[1]' stores the given metric values (lower is better, 5% tolerance),
+    recorded on `machines` (default: this test's machine, HERE)."""
     metrics = {n: {"value": v, "unit": "us", "direction": "lower", "rel_tol": 0.05, "noise": 0.0, "n": 10}
                for n, v in values.items()}
     entry = {"definition_hash": provenance.definition_hash(definition), "metrics": metrics,
-             "provenance": {"kind": "measured", "commit": "c", "date": "d", "versions": {}}}
+             "provenance": {"kind": "measured", "commit": "c", "date": "d", "versions": {}},
+             **({"machines": list(machines)} if machines else {})}
     doc, _ = merge_entries(None, HW, "gemm", fingerprint, "2026-01-01T00:00:00Z", {"k[1]": entry, **(extra or {})})
     return BaselineSet(root=Path("/nonexistent"), hardware_key=HW, docs={"gemm": doc})
 
@@ -170,6 +173,40 @@ def test_results_doc_has_every_case_with_its_numbers():
     assert cases["k[1]"]["metrics"]["gbps"]["gated"] is False and "verdict" not in cases["k[1]"]["metrics"]["gbps"]
     assert cases["k[2]"]["verdict"] == "NEW" and cases["k[2]"]["metrics"]["lat"]["baseline"] is None
     assert cases["k[1]"]["samples"] == [100.0, 100.0, 100.0]
+
+
+def test_another_machine_of_the_kind_is_gated_with_the_spread_between_machines():
+    # +8% on the recording machine (noise inside the runs 0%) is a regression; on another machine of the
+    # kind, with no measured spread between machines, it is inside the assumed +-5% and reads AMBIGUOUS,
+    # naming where the baseline came from; a legacy entry that names no machine counts as another one
+    for machines, verdict in [(("cpu-000000000001",), Verdict.REGRESSION), (("gpu-aaaaaaaaaaaa",), Verdict.AMBIGUOUS),
+                              ((), Verdict.AMBIGUOUS)]:
+        s = state(baseline_set({"lat": 100.0}, machines=machines))
+        r = record(s, Source(108.0))
+        assert r.verdict is verdict, machines
+        assert r.comparisons["lat"].other_machine is (machines != ("cpu-000000000001",))
+    assert s.rows[-1].note.endswith("baseline from another machine of this kind (spread between machines not "
+                                    "recorded: 5% assumed)")
+    # past twice the assumed spread it is a regression on any machine, and the line says where the baseline is from
+    s = state(baseline_set({"lat": 100.0}, machines=("gpu-aaaaaaaaaaaa",)))
+    r = record(s, Source(111.0))
+    assert r.verdict is Verdict.REGRESSION
+    assert s.failure_line(r).endswith("noise 10.0%, baseline from another machine of this kind (spread between "
+                                      "machines not recorded: 5% assumed)")
+
+
+def test_a_cpu_other_than_the_recording_one_is_named_on_the_row():
+    # key_forced=False: the detected key, as on a GPU box (where a CPU model alone is no hardware mismatch)
+    s = state(baseline_set({"lat": 100.0}, fingerprint={**HERE, "cpu": {"model": "Other CPU"}}), key_forced=False)
+    record(s, Source(100.0))
+    assert s.rows[-1].note == "CPU 'Other CPU' at recording, 'Fake CPU' here"
+
+
+def test_the_entry_names_its_machine_and_independent_runs():
+    s = state(baseline_set({"lat": 100.0}))
+    record(s, Source(100.0), independent_runs=3)
+    e = s.entries_by_family()["gemm"]["k[1]"]
+    assert (e["machines"], e["independent_runs"]) == (["cpu-000000000001"], 3)
 
 
 def test_definition_hash_is_order_independent_and_sensitive():

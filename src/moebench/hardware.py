@@ -8,6 +8,7 @@ suite measures what the processes it starts can use.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import platform
 import re
@@ -16,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Iterator
 
 # Throttle reasons that make a measurement unclean. Power capping is recorded but not counted: a
@@ -157,6 +159,22 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def machine_id(fp: dict[str, Any]) -> str:
+    """A stable id of the machine that measured (not its hostname, which lent and CI machines reuse): a
+    hash of the visible GPUs' UUIDs ('gpu-' + 12 hex), or on a machine without GPUs of /etc/machine-id
+    ('cpu-' + 12 hex); 'unknown' when neither is readable."""
+    uuids = sorted(str(g.get("uuid")) for g in fp.get("gpus") or [] if g.get("uuid"))
+    if uuids:
+        return "gpu-" + hashlib.sha256("\n".join(uuids).encode()).hexdigest()[:12]
+    if fp.get("gpus"):
+        return "unknown"
+    try:
+        text = Path("/etc/machine-id").read_text(encoding="utf-8").strip()
+    except OSError:
+        return "unknown"
+    return "cpu-" + hashlib.sha256(text.encode()).hexdigest()[:12] if text else "unknown"
+
+
 @lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
     """What this machine is: GPUs (visible ones), driver, CUDA, topology, CPU, package versions."""
@@ -169,6 +187,7 @@ def fingerprint() -> dict[str, Any]:
     }
     pynvml = _nvml()
     if pynvml is None:
+        fp["machine_id"] = machine_id(fp)
         return fp
     count = _try(pynvml.nvmlDeviceGetCount, default=0) or 0
     indices = _visible_indices(count)
@@ -177,6 +196,7 @@ def fingerprint() -> dict[str, Any]:
     fp["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
     fp["gpus"] = [_gpu_info(pynvml, i) for i in indices]
     fp["topology"] = topology(pynvml, indices)
+    fp["machine_id"] = machine_id(fp)
     return fp
 
 
@@ -219,14 +239,49 @@ def same_hardware(recorded: dict[str, Any] | None, current: dict[str, Any]) -> t
     return True, ""
 
 
+def _span(lo: float | None, hi: float | None, x: float | None) -> tuple[float | None, float | None]:
+    """(min, max) of a running range with x added (None: no reading)."""
+    if x is None:
+        return lo, hi
+    return (x if lo is None else min(lo, x)), (x if hi is None else max(hi, x))
+
+
+def cpu_change(recorded: dict[str, Any] | None, current: dict[str, Any]) -> str:
+    """'CPU <recorded> at recording, <current> here' when the CPU models differ ('' otherwise, or when
+    the recording names none): host-bound numbers (TTFT, eager launch, engine overhead) follow the CPU."""
+    before = ((recorded or {}).get("cpu") or {}).get("model")
+    now = (current.get("cpu") or {}).get("model")
+    if not before or not now or before == now:
+        return ""
+    return f"CPU {before!r} at recording, {now!r} here"
+
+
 @dataclass
 class ClockReport:
-    """What the clock monitor saw during one measurement."""
+    """What the clock monitor saw during one measurement: SM and memory clocks, board power and GPU
+    temperature (ranges over the samples), and the throttle reasons active at any sample. Two machines
+    of one kind that time one case apart differ in one of these, or in nothing the driver shows."""
 
     samples: int = 0
     min_sm_clock_mhz: int | None = None
     max_sm_clock_mhz: int | None = None
+    min_mem_clock_mhz: int | None = None
+    max_mem_clock_mhz: int | None = None
+    min_power_w: float | None = None
+    max_power_w: float | None = None
+    min_temp_c: int | None = None
+    max_temp_c: int | None = None
     reasons_seen: set[str] = field(default_factory=set)
+
+    def add(self, sm: int | None, mem: int | None, power_mw: int | None, temp: int | None, mask: int) -> None:
+        """One sample of one GPU."""
+        self.samples += 1
+        self.min_sm_clock_mhz, self.max_sm_clock_mhz = _span(self.min_sm_clock_mhz, self.max_sm_clock_mhz, sm)
+        self.min_mem_clock_mhz, self.max_mem_clock_mhz = _span(self.min_mem_clock_mhz, self.max_mem_clock_mhz, mem)
+        watts = power_mw / 1000 if power_mw is not None else None
+        self.min_power_w, self.max_power_w = _span(self.min_power_w, self.max_power_w, watts)
+        self.min_temp_c, self.max_temp_c = _span(self.min_temp_c, self.max_temp_c, temp)
+        self.reasons_seen.update(n for n, bit in _RECORDED_REASONS.items() if mask & bit)
 
     @property
     def throttled(self) -> bool:
@@ -235,8 +290,10 @@ class ClockReport:
 
     def to_json(self) -> dict:
         return {"samples": self.samples, "min_sm_clock_mhz": self.min_sm_clock_mhz,
-                "max_sm_clock_mhz": self.max_sm_clock_mhz, "reasons": sorted(self.reasons_seen),
-                "throttled": self.throttled}
+                "max_sm_clock_mhz": self.max_sm_clock_mhz, "min_mem_clock_mhz": self.min_mem_clock_mhz,
+                "max_mem_clock_mhz": self.max_mem_clock_mhz, "min_power_w": self.min_power_w,
+                "max_power_w": self.max_power_w, "min_temp_c": self.min_temp_c, "max_temp_c": self.max_temp_c,
+                "reasons": sorted(self.reasons_seen), "throttled": self.throttled}
 
 
 @contextlib.contextmanager
@@ -257,13 +314,11 @@ def clock_monitor(period_s: float = 0.05) -> Iterator[ClockReport]:
 
     def sample() -> None:
         for h in handles:
-            clock = _try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM)
-            mask = _try(reasons_fn, h, default=0) or 0
-            report.samples += 1
-            if clock is not None:
-                report.min_sm_clock_mhz = clock if report.min_sm_clock_mhz is None else min(report.min_sm_clock_mhz, clock)
-                report.max_sm_clock_mhz = clock if report.max_sm_clock_mhz is None else max(report.max_sm_clock_mhz, clock)
-            report.reasons_seen.update(n for n, bit in _RECORDED_REASONS.items() if mask & bit)
+            report.add(_try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_SM),
+                       _try(pynvml.nvmlDeviceGetClockInfo, h, pynvml.NVML_CLOCK_MEM),
+                       _try(pynvml.nvmlDeviceGetPowerUsage, h),
+                       _try(pynvml.nvmlDeviceGetTemperature, h, pynvml.NVML_TEMPERATURE_GPU),
+                       _try(reasons_fn, h, default=0) or 0)
 
     def loop() -> None:
         while not stop.wait(period_s):

@@ -36,6 +36,11 @@ class Metric:
     noise: relative spread of the samples (see relative_spread).
     rel_tol: the relative change that counts as a regression when it is also outside the noise.
     gated: False for derived or informational metrics (GB/s next to the time it came from).
+    noise_machines: relative spread between machines of the hardware kind (a baseline recorded on two or
+        more machines; None where not measured): the spread the gate uses on a machine other than the
+        recording ones.
+    cliff: a host-bound metric (spread between machines over 10%, e.g. TTFT of a short eager prefill) that
+        fails only on a cliff, a doubling (moebench.baselines.compare.CLIFF), whatever rel_tol says.
     """
 
     value: float
@@ -46,6 +51,8 @@ class Metric:
     rel_tol: float = 0.05
     gated: bool = True
     samples: tuple[float, ...] = field(default=(), repr=False, compare=False)
+    noise_machines: float | None = None
+    cliff: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -76,8 +83,9 @@ class Metric:
         return replace(self, value=value, unit=unit, direction=direction, gated=False, samples=())
 
     def to_json(self) -> dict:
-        """The fields stored in baselines and results (no raw samples)."""
-        return {
+        """The fields stored in baselines and results (no raw samples; noise_machines and the cliff gate
+        only where set, so entries recorded before they existed keep their bytes)."""
+        out = {
             "value": self.value,
             "unit": self.unit,
             "direction": self.direction,
@@ -85,3 +93,8 @@ class Metric:
             "n": self.n,
             "rel_tol": self.rel_tol,
         }
+        if self.noise_machines is not None:
+            out["noise_machines"] = round(self.noise_machines, 6)
+        if self.cliff:
+            out["gate"] = "cliff"
+        return out

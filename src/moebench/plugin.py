@@ -234,16 +234,18 @@ class CaseRecorder:
     def record(self, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]], *,
                info: dict | None = None, primary: str | None = None, group: str | None = None,
                doubt: str = "", explain: Callable | None = None,
-               recorded: Callable[[], dict] | None = None) -> CaseResult:
+               recorded: Callable[[], dict] | None = None, independent_runs: int = 1) -> CaseResult:
         """Measure (measure() returns name -> Metric), compare with the stored baseline, re-measure once
         on a suspected regression, and fail this test with one line if it regressed. With a `doubt` (why
         this machine cannot vouch for the numbers) a case that would read PASS or NEW reads AMBIGUOUS;
         `explain` (comparisons, metrics) -> str adds what moved to the line; `recorded()` says what ran,
-        stored with a baseline and compared with the stored one (see RunState.record)."""
+        stored with a baseline and compared with the stored one; independent_runs: how many engine
+        instances or processes measure() combined (see RunState.record)."""
         state = self._state
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
                               measure=measure, info=info, primary=primary, group=group, doubt=doubt,
-                              progress=self.progress, explain=explain, recorded=recorded)
+                              progress=self.progress, explain=explain, recorded=recorded,
+                              independent_runs=independent_runs)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:

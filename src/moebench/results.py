@@ -89,8 +89,10 @@ def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ..
     value = float(d["value"])
     _need(math.isfinite(value) or not gated, where, f"{path}.value",
           f"a gated metric must be a finite number, got {value!r}")
+    between = d.get("noise_machines")
     return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
-                  float(d.get("rel_tol", 0.05)), gated, samples)
+                  float(d.get("rel_tol", 0.05)), gated, samples,
+                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff")
 
 
 @dataclass(frozen=True)
@@ -166,6 +168,7 @@ class CaseDoc:
     explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
     recorded: dict = field(default_factory=dict)  # what ran (decode: the engine's backends)
     first_measurement: dict[str, Metric] | None = None  # the measurement a suspected regression replaced
+    independent_runs: int = 1  # engine instances (decode --decode-instances) its values are medians of
 
     @property
     def backend(self) -> str | None:
@@ -187,6 +190,8 @@ class CaseDoc:
             out["samples"] = list(self.metrics[self.primary].metric.samples)
         if self.first_measurement is not None:
             out["first_measurement"] = {n: m.to_json() for n, m in self.first_measurement.items()}
+        if self.independent_runs != 1:
+            out["independent_runs"] = self.independent_runs
         return out
 
     @classmethod
@@ -213,15 +218,18 @@ class CaseDoc:
                    _get(c, "definition_hash", str, "", where, path), _get(c, "throttled", bool, False, where, path),
                    _get(c, "nodeid", str, "", where, path), _get(c, "definition", dict, {}, where, path),
                    _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
-                   _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first)
+                   _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first,
+                   _get(c, "independent_runs", int, 1, where, path))
 
-    def baseline_entry(self, provenance: dict) -> dict | None:
-        """The case as a baseline entry (gated metrics only, with `provenance`), None when it has no
-        gated metric: what --baseline-update and `moebench baselines promote` store."""
+    def baseline_entry(self, provenance: dict, machine: str = "unknown") -> dict | None:
+        """The case as a baseline entry (gated metrics only, with `provenance`, the machine that measured
+        it and how many independent runs its values are medians of), None when it has no gated metric:
+        what --baseline-update and `moebench baselines promote` store."""
         metrics = {n: m.metric.to_json() for n, m in self.metrics.items() if m.gated}
         if not metrics:
             return None
-        entry = {"definition_hash": self.definition_hash, "metrics": metrics, "provenance": dict(provenance)}
+        entry = {"definition_hash": self.definition_hash, "metrics": metrics, "provenance": dict(provenance),
+                 "machines": [machine], "independent_runs": self.independent_runs}
         if self.recorded:
             entry["recorded"] = self.recorded
         return entry
@@ -320,12 +328,14 @@ def _iso(s: str) -> bool:
     return True
 
 
-def entries_by_family(cases: Iterable[CaseDoc], provenance: dict, where: str = "") -> dict[str, dict[str, dict]]:
-    """Cases as baseline entries, {family: {key: entry}} (see CaseDoc.baseline_entry); a case with gated
-    metrics but no family or definition hash (an older file) is a ResultsError naming `where`."""
+def entries_by_family(cases: Iterable[CaseDoc], provenance: dict, where: str = "",
+                      machine: str = "unknown") -> dict[str, dict[str, dict]]:
+    """Cases as baseline entries, {family: {key: entry}} (see CaseDoc.baseline_entry), measured on
+    `machine`; a case with gated metrics but no family or definition hash (an older file) is a
+    ResultsError naming `where`."""
     out: dict[str, dict[str, dict]] = {}
     for c in cases:
-        entry = c.baseline_entry(provenance)
+        entry = c.baseline_entry(provenance, machine)
         if entry is None:
             continue
         _need(bool(c.family), where, f"cases[{c.key!r}].family", "missing")

@@ -68,7 +68,7 @@ def baseline_entries(run: ResultsDoc) -> dict[str, dict[str, dict]]:
 
     prov = provenance.measured(run.fingerprint)
     prov.update(commit=run.commit, date=run.finished)
-    return entries_by_family(run.cases.values(), prov, run.path)
+    return entries_by_family(run.cases.values(), prov, run.path, run.fingerprint.get("machine_id", "unknown"))
 
 
 # --- comparing two runs -------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from typing import Callable, Mapping
 
 from moebench import hardware, provenance
 from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
-                                        failing, one_line, recorded_changes)
+                                        failing, machine_phrase, one_line, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
@@ -44,6 +44,7 @@ class CaseResult:
     group: str | None = None
     explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
     recorded: dict = field(default_factory=dict)  # what ran, stored with a baseline (decode: the engine's backends)
+    independent_runs: int = 1  # engine instances its values are medians of (decode --decode-instances)
 
     def doc(self) -> CaseDoc:
         """The case as the results document holds it."""
@@ -51,7 +52,8 @@ class CaseResult:
                        {n: MetricDoc(m, self.comparisons.get(n)) for n, m in self.measurement.metrics.items()},
                        self.info, self.group, self.definition_hash, self.measurement.throttled, self.nodeid,
                        self.definition, self.measurement.clocks, self.note, self.explanation, self.recorded,
-                       self.remeasured_from.metrics if self.remeasured_from is not None else None)
+                       self.remeasured_from.metrics if self.remeasured_from is not None else None,
+                       self.independent_runs)
 
 
 class RunState:
@@ -77,31 +79,37 @@ class RunState:
         return hardware.same_hardware(self.baselines.fingerprint(family), self.fingerprint) if self.key_forced else (True, "")
 
     def compare(self, family: str, key: str, def_hash: str, m: Measurement) -> tuple[dict[str, Comparison], Verdict, str]:
-        """Compare every gated metric of a measurement with the stored entry."""
+        """Compare every gated metric of a measurement with the stored entry: with the spread on the
+        recording machine when this is one of the machines that recorded it, else with the spread between
+        machines of the kind. A CPU other than the recording one is named (host-bound numbers follow it)."""
         same, why = self.env_mismatch(family)
         entry = self.baselines.entry(family, key)
-        note = ""
+        notes = []
         if entry is None:
             others = other_hardware_entries(self.baseline_dir, self.hardware_key, family, key)
             if others:
-                note = "baseline exists only for " + ", ".join(sorted(others)) + " (not compared)"
+                notes.append("baseline exists only for " + ", ".join(sorted(others)) + " (not compared)")
         elif not same:
-            note = why
+            notes.append(why)
+        else:
+            notes.append(hardware.cpu_change(self.baselines.fingerprint(family), self.fingerprint))
+        other = bool(entry) and not entry.measured_on(self.fingerprint.get("machine_id", "unknown"))
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
-                             throttled=m.throttled)
-        return comps, case_verdict(comps), note
+                             throttled=m.throttled, other_machine=other)
+        return comps, case_verdict(comps), "; ".join(n for n in notes if n)
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, group: str | None = None,
                doubt: str = "", progress: Callable[[str], None] = lambda s: None,
                explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None,
-               recorded: Callable[[], dict] | None = None) -> CaseResult:
+               recorded: Callable[[], dict] | None = None, independent_runs: int = 1) -> CaseResult:
         """Measure, compare, re-measure once on a suspected regression, and keep the result. A `doubt`
         (why this machine cannot vouch for the measurement) makes a PASS or NEW case AMBIGUOUS, noted.
         `explain` (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than
         PASS/NEW; `recorded()` -> what ran (read after measuring), stored with a baseline and compared with
-        the stored one whatever the verdict."""
+        the stored one whatever the verdict. independent_runs: how many separate engine instances or
+        processes measure() combined (its values are their medians)."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
             # --baseline-update, written to <family>.json, which the schema then refused on every
@@ -126,7 +134,8 @@ class RunState:
         why = [explain(comps, first.metrics) if explain and verdict not in (Verdict.PASS, Verdict.NEW) else "",
                recorded_changes(entry.recorded, ran) if entry else ""]
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
-                            primary, remeasured_from, note, group, "; ".join(w for w in why if w), ran)
+                            primary, remeasured_from, note, group, "; ".join(w for w in why if w), ran,
+                            independent_runs)
         self.results.append(result)
         self.rows.append(self._row(result))
         return result
@@ -142,9 +151,11 @@ class RunState:
         name = deciding_metric(r.comparisons, r.verdict, r.primary)
         m = r.measurement.metrics.get(name) if name else None
         c = r.comparisons.get(name) if name else None
+        note = "; ".join(x for x in (r.explanation, r.note) if x) or (c.reason if c else "")
+        if c is not None and c.other_machine and r.verdict is not Verdict.PASS:
+            note = "; ".join(x for x in (note, machine_phrase(c)) if x)
         return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",
-                   c.baseline if c else None, c.delta_pct if c else None,
-                   "; ".join(x for x in (r.explanation, r.note) if x) or (c.reason if c else ""))
+                   c.baseline if c else None, c.delta_pct if c else None, note)
 
     def failure_line(self, r: CaseResult) -> str | None:
         """The one line a failing case reports, or None when the case passes the gate. Under
@@ -182,7 +193,8 @@ class RunState:
     # --- baseline updates ----------------------------------------------------------------------
     def entries_by_family(self) -> dict[str, dict[str, dict]]:
         """Baseline entries for the measured cases (gated metrics only), grouped by family."""
-        return entries_by_family([r.doc() for r in self.results], provenance.measured(self.fingerprint))
+        return entries_by_family([r.doc() for r in self.results], provenance.measured(self.fingerprint),
+                                 machine=self.fingerprint.get("machine_id", "unknown"))
 
     def results_doc(self) -> ResultsDoc:
         """The results document: every case with metrics, verdict, baseline, delta, noise; the fingerprint."""

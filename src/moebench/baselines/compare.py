@@ -15,6 +15,14 @@ from moebench.metrics import Metric
 # measurements. Two spreads, because either side can be the noisy one; 2x because a median of tens of
 # samples rarely moves by more than one spread between clean runs of the same code.
 NOISE_FACTOR = 2.0
+# The spread between machines of one kind, assumed where a baseline was recorded on one machine only and
+# is compared on another: the same Kimi-K2.5 bf16 M = 128 case read 427-472 us on four H200s (+-5% around
+# their middle, 2026-12-01, tree 733d5c3; shared/reference-numbers.md). Recording on two machines
+# replaces it with the measured spread (the entry's noise_machines).
+UNKNOWN_MACHINE_SPREAD = 0.05
+# A host-bound (cliff) metric fails only when it doubles: its spread between machines and engine
+# instances (TTFT of a 64-token eager prefill: 97 to 171 ms on three H200s) swallows any finer tolerance.
+CLIFF = 1.0
 
 
 class Outcome(str, enum.Enum):
@@ -72,6 +80,10 @@ class Comparison:
     rel_tol: float | None = None
     noise: float | None = None
     reason: str = ""
+    # Where the baseline's spread came from when the measurement is from a machine that did not record it:
+    # the spread between machines used (measured, or UNKNOWN_MACHINE_SPREAD when None and other_machine).
+    other_machine: bool = False
+    machine_spread: float | None = None
 
     @property
     def delta_pct(self) -> float | None:
@@ -88,11 +100,15 @@ def compare_metric(
     stale: bool = False,
     env_mismatch: bool = False,
     throttled: bool = False,
+    other_machine: bool = False,
 ) -> Comparison:
     """Verdict for one metric.
 
-    REGRESSION needs both: worse than rel_tol (the baseline's, which a reviewer set) and worse than
-    NOISE_FACTOR x the larger noise. A throttled measurement is never PASS or REGRESSION: AMBIGUOUS.
+    REGRESSION needs both: worse than rel_tol (the baseline's, which a reviewer set; CLIFF for a host-bound
+    metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise of the two sides and,
+    on a machine that did not record the baseline (other_machine), the spread between machines (the
+    entry's noise_machines, else UNKNOWN_MACHINE_SPREAD). A throttled measurement is never PASS or
+    REGRESSION: AMBIGUOUS.
     """
     if env_mismatch:
         return Comparison(Verdict.ENV_MISMATCH, measured.value, baseline.value if baseline else None,
@@ -108,14 +124,22 @@ def compare_metric(
         return Comparison(Verdict.STALE, measured.value, 0.0, reason="baseline value is 0")
     change = (measured.value - baseline.value) / abs(baseline.value)
     worse = change if measured.direction == "lower" else -change
-    tol = baseline.rel_tol
-    noise = NOISE_FACTOR * max(measured.noise, baseline.noise)
-    common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise)
+    cliff = measured.cliff or baseline.cliff
+    tol = CLIFF if cliff else baseline.rel_tol
+    spread = max(measured.noise, baseline.noise)
+    between = None
+    if other_machine:
+        between = baseline.noise_machines
+        spread = max(spread, between if between is not None else UNKNOWN_MACHINE_SPREAD)
+    noise = NOISE_FACTOR * spread
+    common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
+                  other_machine=other_machine, machine_spread=between)
     if throttled:
         return Comparison(Verdict.AMBIGUOUS, reason="clocks throttled during the measurement", **common)
     if worse > tol:
         if worse > noise:
-            return Comparison(Verdict.REGRESSION, reason="worse than tolerance and outside noise", **common)
+            why = "doubled (host-bound: gated on a cliff only)" if cliff else "worse than tolerance and outside noise"
+            return Comparison(Verdict.REGRESSION, reason=why, **common)
         return Comparison(Verdict.AMBIGUOUS, reason="worse than tolerance but inside noise", **common)
     if -worse > tol and -worse > noise:
         return Comparison(Verdict.IMPROVEMENT, reason="better than tolerance and outside noise", **common)
@@ -123,7 +147,8 @@ def compare_metric(
 
 
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
-                 env_mismatch: bool = False, throttled: bool = False) -> dict[str, Comparison]:
+                 env_mismatch: bool = False, throttled: bool = False,
+                 other_machine: bool = False) -> dict[str, Comparison]:
     """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all). The
     one comparison loop: the in-run gate and `moebench compare` both call it, so they cannot disagree."""
     out: dict[str, Comparison] = {}
@@ -134,7 +159,8 @@ def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | 
         if stored is not None and base is None:
             out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
             continue
-        out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled)
+        out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled,
+                                   other_machine=other_machine)
     return out
 
 
@@ -172,8 +198,19 @@ def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
         f"delta {fmt_pct(delta, signed=True)}" if delta is not None else "",
         f"tolerance {fmt_pct(100 * c.rel_tol)}" if c.rel_tol is not None else "",
         f"noise {fmt_pct(100 * c.noise)}" if c.noise is not None else "",
+        machine_phrase(c),
     ]
     return ", ".join(p for p in parts if p)
+
+
+def machine_phrase(c: Comparison) -> str:
+    """What the verdict line says when the baseline came from another machine of the kind ("" otherwise)."""
+    if not c.other_machine:
+        return ""
+    if c.machine_spread is not None:
+        return f"baseline from another machine of this kind (spread between machines {100 * c.machine_spread:.2g}%)"
+    return (f"baseline from another machine of this kind (spread between machines not recorded: "
+            f"{100 * UNKNOWN_MACHINE_SPREAD:.2g}% assumed)")
 
 
 def recorded_changes(before: Mapping[str, object], now: Mapping[str, object]) -> str:

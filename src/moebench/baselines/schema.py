@@ -11,7 +11,10 @@ A file `baselines/<hardware-key>/<family>.json`:
       "entries": {
         "<case key>": {
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
-          "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n"}},
+          "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
+                                 "noise_machines"?, "gate"?: "cliff"}},
+          "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id)
+          "independent_runs": 3,              # processes or engine instances its values are medians of
           "provenance": {"kind": "measured", "commit", "date", "versions": {...}}
                       | {"kind": "external", "source": "<where the figure came from>", "date"}
         }
@@ -20,6 +23,11 @@ A file `baselines/<hardware-key>/<family>.json`:
 
 Values must be physically possible: every stored metric is a time or a rate (us, ms, GB/s, tokens/s),
 so its value is > 0; rel_tol is a fraction in (0, 1] (0.05 is 5%); noise >= 0; n >= 1.
+
+`noise` is the spread that applies on the recording machine(s): the larger of the spread inside a run
+and between its independent runs. `noise_machines` (only for entries recorded on two or more machines)
+is the spread between machines of the kind, which the gate uses on any other machine. Entries recorded
+before `machines` existed name none: every machine is "another machine" for them.
 
 Validation reports every problem of a file at once: each on its own line naming the file and the dotted
 path of the entry and field; several problems come as one block under a line that counts them.
@@ -36,7 +44,8 @@ from moebench.metrics import DIRECTIONS, Metric
 SCHEMA_VERSION = 1
 FAMILIES = ("gemm", "allreduce", "decode", "selfcheck")
 PROVENANCE_KINDS = ("measured", "external")
-METRIC_FIELDS = ("value", "unit", "direction", "rel_tol", "noise", "n")
+METRIC_FIELDS = ("value", "unit", "direction", "rel_tol", "noise", "n")  # required; OPTIONAL_METRIC_RULES may follow
+GATES = ("tolerance", "cliff")
 
 
 class BaselineError(ValueError):
@@ -81,6 +90,8 @@ METRIC_RULES: dict[str, Rule] = {
     "rel_tol": (lambda x: _is_number(x) and 0 < x <= 1, "must be a fraction in (0, 1] (0.05 is 5%)"),
     "noise": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
     "n": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1, "must be an integer >= 1"),
+    "noise_machines": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
+    "gate": (lambda x: x in GATES, f"must be one of {GATES}"),
 }
 
 
@@ -108,7 +119,9 @@ def validate_metric(m: Any, where: str, path: str) -> Metric:
     p = _Problems(where)
     _check_metric(p, m, path)
     p.raise_if_any()
-    return Metric(float(m["value"]), m["unit"], m["direction"], float(m["noise"]), m["n"], float(m["rel_tol"]))
+    between = m.get("noise_machines")
+    return Metric(float(m["value"]), m["unit"], m["direction"], float(m["noise"]), m["n"], float(m["rel_tol"]),
+                  noise_machines=float(between) if between is not None else None, cliff=m.get("gate") == "cliff")
 
 
 def _check_provenance(p: _Problems, prov: Any, path: str) -> None:
@@ -137,6 +150,14 @@ def _check_entry(p: _Problems, entry: Any, path: str) -> None:
         for name, m in metrics.items():
             _check_metric(p, m, f"{path}.metrics.{name}")
     _check_provenance(p, entry.get("provenance"), f"{path}.provenance")
+    if "machines" in entry:
+        p.need(isinstance(entry["machines"], list) and bool(entry["machines"])
+               and all(isinstance(x, str) and x for x in entry["machines"]), f"{path}.machines",
+               f"must be a non-empty list of machine ids, got {entry['machines']!r}")
+    if "independent_runs" in entry:
+        runs = entry["independent_runs"]
+        p.need(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, f"{path}.independent_runs",
+               f"must be an integer >= 1, got {runs!r}")
 
 
 def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, family: str | None = None) -> dict:

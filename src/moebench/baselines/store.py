@@ -111,6 +111,12 @@ class BaselineEntry:
     metrics: dict[str, Metric]
     provenance: dict
     recorded: dict = field(default_factory=dict)  # what ran when it was recorded (decode: engine's backends)
+    machines: tuple[str, ...] = ()  # the machines that measured it (none named: recorded before they were)
+    independent_runs: int | None = None  # processes / engine instances its values are medians of
+
+    def measured_on(self, machine: str) -> bool:
+        """Whether `machine` (hardware.machine_id) is one of the machines that recorded this entry."""
+        return machine in self.machines
 
 
 @dataclass
@@ -140,7 +146,8 @@ class BaselineSet:
             return None
         where = str(family_path(self.root, self.hardware_key, family))
         metrics = {n: validate_metric(m, where, f"entries[{key!r}].metrics.{n}") for n, m in raw["metrics"].items()}
-        return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}))
+        return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}),
+                             tuple(raw.get("machines") or ()), raw.get("independent_runs"))
 
     def fingerprint(self, family: str) -> dict | None:
         """The machine fingerprint recorded in a family's file header."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Callable
@@ -240,6 +240,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
     def one_instance(n: int) -> tuple[EngineRun, dict[str, Metric]]:
         run = run_engine(case, Path(workdir) / f"engine-{attempt[0]}-{n}.log", moebench.progress)
         metrics = decode_metrics(run.trials, rel_tol_ms_per_token=s.rel_tol_ms_per_token, rel_tol_ttft=s.rel_tol_ttft)
+        metrics.update({n: replace(metrics[n], cliff=True) for n in s.cliff_metrics})
         metrics["engine_start_s"] = Metric(run.start_s, "s", "lower", gated=False)
         if run.breakdown is not None:
             metrics.update(breakdown_metrics(run.breakdown, metrics["ms_per_token"].value, s.gate_categories,
@@ -292,7 +293,8 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         # group: the key without its MoE token, so cases that differ only in the kernel sit side by side
         # (`moebench backends`, pytest-benchmark's tables)
         moebench.record(case.key, "decode", case.definition(), measure, info=info, primary="ms_per_token",
-                        group=case.key.replace(f"-{s.moe_token}-", "-"), explain=explain, recorded=engine_used)
+                        group=case.key.replace(f"-{s.moe_token}-", "-"), explain=explain, recorded=engine_used,
+                        independent_runs=s.engine_instances)
     except EngineError as e:
         failure = e
     if failure is not None:  # outside the except block: the report shows this message, not a chain

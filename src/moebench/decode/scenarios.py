@@ -37,6 +37,8 @@ MOE_MARKERS = {
 }
 
 
+# the gated decode metrics a scenario may gate on a cliff only (cliff_metrics)
+CLIFF_METRICS = ("ms_per_token", "ttft_ms")
 # engine hooks a scenario may name in moe_hook
 MOE_HOOKS = tuple(vllm_moe_hook.HOOKS)
 
@@ -58,7 +60,8 @@ class Scenario:
     against any stored figure). profile_steps: decode steps of one profiled trial, run after the timed
     ones, for the per-category breakdown (0: none); gate_categories: the breakdown's categories that
     gate, at rel_tol_category. engine_instances: engines started one after the other per measurement
-    (the A/A: their spread is the stored noise).
+    (the A/A: their spread is the stored noise). cliff_metrics: host-bound gated metrics (spread between
+    machines or instances over 10%) that fail only when they double (moebench.baselines.compare.CLIFF).
     """
 
     name: str
@@ -85,6 +88,7 @@ class Scenario:
     trial_timeout_s: float = 300.0
     rel_tol_ms_per_token: float = 0.10
     rel_tol_ttft: float = 0.20
+    cliff_metrics: tuple[str, ...] = ()
     expect_moe: str = ""
     moe_hook: str = ""  # "moebench_w4" / "moebench_mma": vLLM runs our int4 kernel in place of Marlin (vllm_moe_hook.py)
     profile_steps: int = 0
@@ -301,9 +305,11 @@ def parse_scenario(raw: dict[str, Any], where: str) -> Scenario:
             _want(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0, f"{w}: {f}",
                   f"must be a number > 0, got {v!r}")
             kw[f] = float(v)
-    for f in ("only_on", "server_command", "server_args", "gate_categories"):
+    for f in ("only_on", "server_command", "server_args", "gate_categories", "cliff_metrics"):
         if f in raw:
             kw[f] = _str_list(raw[f], f"{w}: {f}")
+    _want(set(kw.get("cliff_metrics", ())) <= set(CLIFF_METRICS), f"{w}: cliff_metrics",
+          f"must name gated metrics among {', '.join(CLIFF_METRICS)}, got {list(kw.get('cliff_metrics', ()))}")
     unknown_cats = sorted(set(kw.get("gate_categories", ())) - set(CATEGORIES))
     _want(not unknown_cats, f"{w}: gate_categories", f"unknown {', '.join(unknown_cats)} (known: {', '.join(CATEGORIES)})")
     if "rel_tol_categories" in raw:
