@@ -275,11 +275,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=cli_baselines.cmd_baselines_diff)
     pr = bsub.add_parser("promote", formatter_class=fmt, help="write reviewed values into the baseline folder",
                          description=_wrap("Take the selected cases of a reviewed results file (--results-json) or of "
-                                     "proposed baselines (--baseline-propose DIR) into the baseline folder. Entries "
-                                     "not selected keep their bytes; a stored rel_tol is kept; every file is "
-                                     "validated before any is written, and each write is atomic."),
-                         epilog="example: moebench baselines promote out/results.json --case 'gemm[kimi-*-triton]'")
-    pr.add_argument("source", metavar="SOURCE", help="results JSON, proposed baseline file, or proposal folder")
+                                     "proposed baselines (--baseline-propose DIR) into the baseline folder. Several "
+                                     "SOURCEs are independent runs (separate processes or machines): a case in "
+                                     "more than one is stored as the median of its runs, with the spread between "
+                                     "them as its noise and, over two or more machines, the spread between machines "
+                                     "(moebench.baselines.combine). Entries not selected keep their bytes; a stored "
+                                     "rel_tol is kept; every file is validated before any is written, and each "
+                                     "write is atomic."),
+                         epilog="example: moebench baselines promote run1.json run2.json run3.json --case 'gemm[kimi-*-triton]'")
+    pr.add_argument("source", metavar="SOURCE", nargs="+",
+                    help="results JSON, proposed baseline file, or proposal folder (several: independent runs)")
     which = pr.add_mutually_exclusive_group(required=True)
     which.add_argument("--case", action="append", metavar="PATTERN", help="cases to promote (glob; repeatable)")
     which.add_argument("--all", action="store_true", help="every case of SOURCE")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moebench.baselines.compare import Verdict
+from moebench.baselines.combine import combine_entries
+from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import load_file
 from moebench.baselines.update import merge_files
@@ -143,14 +144,41 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
             for fam, entries in sorted(baseline_entries(run).items())]
 
 
+def _combined_sources(paths: list[str]) -> list[tuple[str, str, dict, dict, str]]:
+    """The promotion sources of every path, with each (hardware key, family) merged into one: a case in
+    several runs becomes the median of them (combine_entries), its verdict the worst it had."""
+    groups: dict[tuple[str, str], list[tuple[dict, dict, str]]] = {}
+    for p in paths:
+        for hw, fam, fp, entries, note in _promotion_source(Path(p)):
+            groups.setdefault((hw, fam), []).append((fp, entries, note))
+    out = []
+    for (hw, fam), parts in groups.items():
+        if len(parts) == 1:
+            out.append((hw, fam, *parts[0]))
+            continue
+        by_key: dict[str, list[dict]] = {}
+        for _, entries, _ in parts:
+            for k, e in entries.items():
+                by_key.setdefault(k, []).append(e)
+        merged = {}
+        for k, es in by_key.items():
+            worst = max((e.get("_verdict") for e in es if e.get("_verdict")), key=lambda v: -display_rank(v), default=None)
+            merged[k] = dict(combine_entries([{f: v for f, v in e.items() if f != "_verdict"} for e in es], k),
+                             **({"_verdict": worst} if worst else {}))
+        out.append((hw, fam, parts[-1][0], merged, f"{len(parts)} runs: " + ", ".join(n for *_, n in parts)))
+    return out
+
+
 def cmd_baselines_promote(args: argparse.Namespace) -> int:
-    """Write the selected cases of a reviewed run (or of proposed baselines) into the baseline folder,
-    through the same locked, validated, atomic merge as --baseline-update (update.merge_files)."""
-    sources = _promotion_source(Path(args.source))
+    """Write the selected cases of a reviewed run (or of proposed baselines; several: independent runs,
+    combined) into the baseline folder, through the same locked, validated, atomic merge as
+    --baseline-update (update.merge_files)."""
+    sources = _combined_sources(args.source)
     all_keys = [k for *_, entries, _ in sources for k in entries]
+    where = " ".join(args.source)
     if not all_keys:
-        raise CliError(f"{args.source}: no case with gated metrics to promote")
-    _check_patterns(args.case, all_keys, args.source)
+        raise CliError(f"{where}: no case with gated metrics to promote")
+    _check_patterns(args.case, all_keys, where)
     keep = _matcher(args.case) if not args.all else (lambda k: True)
     updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:

@@ -1,0 +1,90 @@
+"""One baseline entry from several independent runs of a case: separate processes, engine instances or
+machines (`moebench baselines promote run1.json run2.json run3.json`).
+
+A single run's spread says how its samples scatter, not how far the next process lands: on one H200 the
+same case agreed within 0.7% across 8 processes, and spread 10% across four machines. So an entry stores
+the median of its runs' values, and two spreads:
+
+- noise: what the gate uses on a recording machine, the larger of the spread inside any run and the
+  spread between the runs of one machine (half their range over the median: with 3 runs a MAD can read 0);
+- noise_machines: only from runs on two or more machines, the spread between the machines' medians (half
+  their range over the median), which the gate uses on any other machine of the kind.
+
+Pure functions over entry dicts (the baseline file's own form): no I/O.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Sequence
+
+from moebench.baselines.schema import BaselineError
+
+
+def half_range(values: Sequence[float]) -> float:
+    """Half the range of values over their median (0 for fewer than two, or a zero median)."""
+    if len(values) < 2:
+        return 0.0
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / 2 / abs(mid) if mid else 0.0
+
+
+def _same(entries: Sequence[dict], get, what: str, where: str):
+    seen = {repr(get(e)) for e in entries}
+    if len(seen) > 1:
+        raise BaselineError(f"{where}: the runs disagree on {what} ({', '.join(sorted(seen))}): not one case")
+    return get(entries[0])
+
+
+def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
+    ms = [m for _, m in runs]
+    for field in ("unit", "direction"):
+        _same(ms, lambda m: m[field], f"{name}.{field}", where)
+    by_machine: dict[str, list[float]] = defaultdict(list)
+    for machine, m in runs:
+        by_machine[machine].append(float(m["value"]))
+    values = [float(m["value"]) for m in ms]
+    between_runs = max(half_range(v) for v in by_machine.values())
+    out = {"value": statistics.median(values), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
+           "noise": round(max([between_runs] + [float(m["noise"]) for m in ms]), 6), "n": sum(int(m["n"]) for m in ms),
+           "rel_tol": ms[-1]["rel_tol"]}
+    if len(by_machine) > 1:
+        out["noise_machines"] = round(half_range([statistics.median(v) for v in by_machine.values()]), 6)
+    if any(m.get("gate") == "cliff" for m in ms):
+        out["gate"] = "cliff"
+    return out
+
+
+def _provenance(entries: Sequence[dict], runs: int) -> dict:
+    provs = [e["provenance"] for e in entries]
+    commits = sorted({str(p.get("commit")) for p in provs})
+    out = dict(provs[-1])
+    out.update(commit=", ".join(commits), date=max(str(p.get("date", "")) for p in provs),
+               combined=f"median of {runs} independent runs")
+    return out
+
+
+def combine_entries(entries: Sequence[dict], where: str) -> dict:
+    """One entry from the same case's entries of separate runs (each naming its machines and independent
+    runs; an entry naming none counts as one run on an unknown machine). Metrics measured in every run
+    are kept. Raises BaselineError naming `where` (the case) when the runs are not of one case."""
+    if not entries:
+        raise BaselineError(f"{where}: no run to combine")
+    if len(entries) == 1:
+        return dict(entries[0])
+    def_hash = _same(entries, lambda e: e["definition_hash"], "the case definition (definition_hash)", where)
+    machine_of = [(e.get("machines") or ["unknown"])[0] for e in entries]
+    names = [n for n in entries[0]["metrics"] if all(n in e["metrics"] for e in entries)]
+    metrics = {n: _metric(n, [(mach, e["metrics"][n]) for mach, e in zip(machine_of, entries)], f"{where} {n}")
+               for n in names}
+    if not metrics:
+        raise BaselineError(f"{where}: no metric was measured in every run")
+    runs = sum(int(e.get("independent_runs") or 1) for e in entries)
+    out = {"definition_hash": def_hash, "metrics": metrics, "provenance": _provenance(entries, runs),
+           "machines": sorted({m for e in entries for m in (e.get("machines") or ["unknown"])}),
+           "independent_runs": runs}
+    recorded = entries[-1].get("recorded")
+    if recorded:
+        out["recorded"] = recorded
+    return out

@@ -1,0 +1,96 @@
+"""A baseline entry from independent runs (moebench.baselines.combine and `moebench baselines promote`
+with several results files): the median, the spread between runs and between machines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from moebench.baselines.combine import combine_entries, half_range
+from moebench.baselines.schema import BaselineError
+from moebench.baselines.store import load_file
+from moebench.cli import main
+
+DATA = Path(__file__).resolve().parent / "data"
+RUN = DATA / "selfcheck-h200-1.json"
+COPY = "selfcheck[copy-1024MiB-cuda]"
+
+
+def entry(value, machine="gpu-a", noise=0.003, runs=1, definition="d1", n=20):
+    return {"definition_hash": definition, "machines": [machine], "independent_runs": runs,
+            "metrics": {"t": {"value": value, "unit": "us", "direction": "lower", "rel_tol": 0.05, "noise": noise, "n": n}},
+            "provenance": {"kind": "measured", "commit": "abc", "date": "2026-12-02T00:00:00Z", "versions": {}}}
+
+
+def test_three_runs_on_one_machine_give_their_median_and_the_spread_between_them():
+    e = combine_entries([entry(24.3), entry(24.5), entry(24.2)], "k")
+    t = e["metrics"]["t"]
+    assert t["value"] == 24.3 and t["n"] == 60
+    assert t["noise"] == pytest.approx(round(0.15 / 24.3, 6))  # half the range over the median, > 0.3% inside
+    assert "noise_machines" not in t
+    assert (e["machines"], e["independent_runs"]) == (["gpu-a"], 3)
+    assert e["provenance"]["combined"] == "median of 3 independent runs"
+
+
+def test_the_spread_inside_a_run_wins_when_the_runs_agree():
+    t = combine_entries([entry(10.0, noise=0.02), entry(10.0), entry(10.0)], "k")["metrics"]["t"]
+    assert t["noise"] == 0.02
+
+
+def test_runs_on_two_machines_give_the_spread_between_machines_apart():
+    # the kimi M = 128 case: 472 us on one H200, 428 on another; each machine's runs within 0.2%
+    e = combine_entries([entry(472.0, "gpu-a", 0.001), entry(472.5, "gpu-a", 0.001), entry(428.0, "gpu-b", 0.001),
+                         entry(427.6, "gpu-b", 0.001)], "k")
+    t = e["metrics"]["t"]
+    assert t["noise"] == pytest.approx(round(0.25 / 472.25, 6), abs=1e-6)  # the worst machine's runs, not 5%
+    assert t["noise_machines"] == pytest.approx(half_range([472.25, 427.8]), abs=1e-6)
+    assert e["machines"] == ["gpu-a", "gpu-b"] and e["independent_runs"] == 4
+
+
+def test_engine_instances_count_as_independent_runs():
+    assert combine_entries([entry(6.9, runs=3), entry(6.8, runs=3)], "k")["independent_runs"] == 6
+
+
+def test_runs_of_different_case_definitions_are_refused_naming_the_case():
+    with pytest.raises(BaselineError, match=r"decode\[x\]: the runs disagree on the case definition"):
+        combine_entries([entry(1.0), entry(1.0, definition="d2")], "decode[x]")
+
+
+def test_a_metric_missing_from_one_run_is_left_out():
+    a, b = entry(1.0), entry(1.0)
+    a["metrics"]["ttft"] = dict(a["metrics"]["t"])
+    assert set(combine_entries([a, b], "k")["metrics"]) == {"t"}
+
+
+def _run_file(tmp_path: Path, name: str, scale: float, machine: str) -> Path:
+    doc = json.loads(RUN.read_text())
+    doc["fingerprint"]["machine_id"] = machine
+    for c in doc["cases"]:
+        for m in c["metrics"].values():
+            if isinstance(m.get("value"), (int, float)):
+                m["value"] *= scale
+    p = tmp_path / name
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def test_promote_of_three_runs_stores_their_median_with_machine_and_run_count(tmp_path, capsys):
+    runs = [_run_file(tmp_path, f"r{i}.json", s, "gpu-aaaaaaaaaaaa") for i, s in enumerate((1.0, 1.01, 0.995))]
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    assert "3 runs:" in capsys.readouterr().out
+    e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
+    one = next(c for c in json.loads(RUN.read_text())["cases"] if c["key"] == COPY)["metrics"]["copy_GBps"]
+    assert e["metrics"]["copy_GBps"]["value"] == pytest.approx(one["value"])  # the median run
+    assert e["metrics"]["copy_GBps"]["noise"] >= 0.0075 - 1e-6  # (1.01 - 0.995) / 2
+    assert (e["machines"], e["independent_runs"]) == (["gpu-aaaaaaaaaaaa"], 3)
+
+
+def test_promote_of_one_run_names_its_machine(tmp_path):
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", str(_run_file(tmp_path, "r.json", 1.0, "gpu-bbbbbbbbbbbb")), "--case", COPY,
+                 "--baseline-dir", str(root)]) == 0
+    e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
+    assert (e["machines"], e["independent_runs"]) == (["gpu-bbbbbbbbbbbb"], 1)
