@@ -215,6 +215,8 @@ class FakeBench:
                                            "noise": 0.0, "n": 5}},
                 "provenance": {"kind": "measured", "commit": "c0ffee", "date": "2026-01-01T00:00:00Z",
                                "versions": {}},
+                # recorded on this machine: the gate uses the spread here, not the one between machines
+                "machines": [hardware.machine_id({**hardware.fingerprint(), "gpus": []})],
             }
         # The subprocess sees no GPUs (CUDA_VISIBLE_DEVICES is empty), so neither does the stored header.
         here = {**hardware.fingerprint(), "gpus": []}

@@ -3,6 +3,7 @@
     moebench compare A.json B.json            two runs side by side; exit 1 on a regression
     moebench backends RESULTS.json            MoE backends side by side per shape
     moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
+    moebench aa --runs N --out DIR -- ARGS    a selection in N processes: spread between them, false alarms
     moebench report RESULTS... --out DIR      trend plots per case and an index page
     moebench predict DECODE.json ALLREDUCE    TP-N ms/token from a rank's decode and a box's allreduce
 
@@ -225,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
                 epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
                        "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
-    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report,predict}",
+    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,aa,report,predict}",
                           required=True)
 
     c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
@@ -291,6 +292,22 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--baseline-dir", default="baselines", metavar="DIR", help="baseline root (default: baselines)")
     pr.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     pr.set_defaults(func=cli_baselines.cmd_baselines_promote)
+
+    from moebench import cli_aa  # as cli_baselines above: it takes CliError and the exit codes from here
+    aa = sub.add_parser("aa", formatter_class=fmt, help="a selection N times in separate processes: spread and false alarms",
+                        description=_wrap("Run `python -m pytest PYTEST_ARGS` RUNS times, each a separate process writing "
+                                    "OUT/run-<i>.json and gated as usual, then print per case its primary metric in "
+                                    "every run, the spread between the runs and their verdicts. Exit 1 when any run "
+                                    "read REGRESSION or IMPROVEMENT (a false alarm on unchanged code). --promote DIR "
+                                    "stores the runs' medians as baselines (moebench baselines promote of every run)."),
+                        epilog='example: moebench aa --runs 3 --out aa/ -- benchmarks/ -m "gemm and triton"')
+    aa.add_argument("--runs", type=int, default=3, help="separate pytest processes (default 3)")
+    aa.add_argument("--out", required=True, metavar="DIR", help="where the runs' results files go")
+    aa.add_argument("--promote", metavar="DIR", help="store the combined runs into this baseline root")
+    aa.add_argument("--budget-s", type=float, metavar="S", help="start no run that would end past S seconds")
+    aa.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
+                    help="what each run passes to pytest (default: benchmarks/)")
+    aa.set_defaults(func=cli_aa.cmd_aa)
 
     r = sub.add_parser("report", formatter_class=fmt, help="trend plots per case and an index page",
                        description=_wrap("Plot each case's metric over the given runs (dates on the x axis, the baseline "
