@@ -94,3 +94,18 @@ def test_promote_of_one_run_names_its_machine(tmp_path):
                  "--baseline-dir", str(root)]) == 0
     e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
     assert (e["machines"], e["independent_runs"]) == (["gpu-bbbbbbbbbbbb"], 1)
+
+
+@pytest.mark.parametrize("runs, ok", [(3, True), (1, True), (0, False), (True, False), ("3", False)])
+def test_a_results_file_carries_the_engine_instances_of_a_case(runs, ok):
+    from moebench.results import ResultsDoc, ResultsError
+
+    doc = json.loads(RUN.read_text())
+    doc["cases"][0]["independent_runs"] = runs
+    if ok:
+        run = ResultsDoc.from_json(doc, "r.json")
+        case = run.cases[doc["cases"][0]["key"]]
+        assert case.independent_runs == runs and case.to_json().get("independent_runs", 1) == runs
+    else:
+        with pytest.raises(ResultsError, match=r"r.json: cases\[.*\]\.independent_runs: must be"):
+            ResultsDoc.from_json(doc, "r.json")

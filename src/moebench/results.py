@@ -52,7 +52,8 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-_KINDS = {str: "a string", dict: "an object", list: "a list", bool: "true or false", float: "a number"}
+_KINDS = {str: "a string", dict: "an object", list: "a list", bool: "true or false", float: "a number",
+          int: "an integer"}
 
 
 def _get(d: dict, name: str, kind: type, default: Any, where: str, path: str) -> Any:
@@ -61,9 +62,15 @@ def _get(d: dict, name: str, kind: type, default: Any, where: str, path: str) ->
     x = d.get(name)
     if x is None:
         return default
-    ok = _number(x) if kind is float else isinstance(x, kind)
+    # bool is an int to Python, and `true` is no count
+    ok = _number(x) if kind is float else isinstance(x, kind) and not (kind is int and isinstance(x, bool))
     _need(ok, where, f"{path}.{name}" if path else name, f"must be {_KINDS[kind]}, got {x!r}")
     return float(x) if kind is float else x
+
+
+def _positive(n: int, where: str, path: str) -> int:
+    _need(n >= 1, where, path, f"must be at least 1, got {n!r}")
+    return n
 
 
 def _outcome(x: Any, allowed: type, where: str, path: str) -> str:
@@ -219,7 +226,7 @@ class CaseDoc:
                    _get(c, "nodeid", str, "", where, path), _get(c, "definition", dict, {}, where, path),
                    _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
                    _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first,
-                   _get(c, "independent_runs", int, 1, where, path))
+                   _positive(_get(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"))
 
     def baseline_entry(self, provenance: dict, machine: str = "unknown") -> dict | None:
         """The case as a baseline entry (gated metrics only, with `provenance`, the machine that measured
