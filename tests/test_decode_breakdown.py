@@ -15,7 +15,7 @@ from moebench.baselines.compare import Comparison, Verdict, compare_metric
 from moebench.decode import trace
 from moebench.decode.breakdown import breakdown, breakdown_metrics, combine_instances, moved_most
 from moebench.decode.categories import category
-from moebench.decode.trace import Kernel, TraceError, busy_us, load_events, split_steps
+from moebench.decode.trace import Kernel, Steps, TraceError, busy_us, load_events, split_steps
 from moebench.metrics import Metric
 
 FIXTURE = Path(__file__).parent / "data" / "decode-trace-small.json"
@@ -193,3 +193,18 @@ def test_a_category_tolerance_overrides_the_scenarios_default_for_that_category_
                   busy_ms=[5.0] * 4)
     m = breakdown_metrics(b, 6.0, ("attention", "norms_elementwise"), 0.05, {"norms_elementwise": 0.2})
     assert m["step_norms_elementwise_ms"].rel_tol == 0.2 and m["step_attention_ms"].rel_tol == 0.05
+
+
+def test_overlapping_kernels_share_the_busy_time_and_the_overlap_is_reported():
+    # a routed-expert kernel and the shared expert's GEMM on a second stream overlap for 20 of their us:
+    # kernel time counts those 20 us twice, the busy shares once (10 each), and add up to the busy time
+    ks = [Kernel("moebench_w4_mma", 0.0, 40.0, "kernel"), Kernel("nvjet_tst_64x8", 20.0, 30.0, "kernel"),
+          Kernel("triton_poi_fused_add", 60.0, 10.0, "kernel")]
+    b = breakdown(Steps([ks, ks], "annotations"))
+    doc = b.to_json()
+    cats = doc["categories"]
+    assert (cats["routed_experts"]["ms_per_step"], cats["dense_gemms"]["ms_per_step"]) == (0.04, 0.03)
+    assert (cats["routed_experts"]["busy_share_ms_per_step"], cats["dense_gemms"]["busy_share_ms_per_step"]) == (0.03, 0.02)
+    assert doc["gpu_busy_ms_per_step"] == 0.06 and doc["overlap_ms_per_step"] == 0.02
+    assert sum(c.get("busy_share_ms_per_step", 0) for c in cats.values()) == pytest.approx(doc["gpu_busy_ms_per_step"])
+    assert cats["dense_gemms"]["top_kernels"] == [["nvjet_tst_64x8", 0.03]]

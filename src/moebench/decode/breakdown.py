@@ -5,6 +5,15 @@ kernels are sorted into categories (moebench.decode.categories). Per category th
 time per step (the mean over complete steps; its noise the spread between steps). The host gap is the
 timed trials' steady ms/token minus the GPU busy time per step: the time the GPU waited for the host
 (scheduling, sampling on the CPU, Python) in an unprofiled step.
+
+Kernels of one step can overlap (vLLM runs a MoE layer's shared expert on a second stream beside the
+routed experts), and a kernel that shares the GPU with another runs longer. So a category's kernel time
+counts an overlapped microsecond in each kernel that ran in it, and the categories add up to more than
+the GPU busy time. Beside them the breakdown keeps each category's share of the busy time (every
+microsecond split evenly among the kernels running in it: these add up to the busy time), the overlap
+(kernel time minus busy time), and the largest kernels of each category, so a category that grew can
+be told apart from one that was slowed by a neighbour. The gated step_<category>_ms metrics are the
+kernel times (breakdown map version 2).
 """
 
 from __future__ import annotations
@@ -15,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from moebench.decode.categories import CATEGORIES, LABELS, category
-from moebench.decode.trace import Steps, busy_us
+from moebench.decode.trace import Kernel, Steps, busy_us
 from moebench.metrics import Metric, relative_spread
 from moebench.report import fmt_pct, fmt_value
 
@@ -32,6 +41,8 @@ class Breakdown:
     per_step_ms: dict[str, list[float]]  # category -> one value per step (all CATEGORIES present)
     busy_ms: list[float]
     top_other: list[tuple[str, float]] = field(default_factory=list)  # (kernel name, ms per step)
+    busy_share_ms: dict[str, float] = field(default_factory=dict)  # category -> its share of the busy time per step
+    top_kernels: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # category -> (name, ms per step)
 
     def mean_ms(self, cat: str) -> float:
         """A category's mean GPU time per step (ms)."""
@@ -45,10 +56,34 @@ class Breakdown:
     def to_json(self) -> dict:
         """The breakdown for the results JSON: ms per step and share of GPU time, by category."""
         total = sum(self.mean_ms(c) for c in CATEGORIES) or 1.0
+        cats = {c: {"ms_per_step": round(self.mean_ms(c), 4), "share": round(self.mean_ms(c) / total, 4)}
+                for c in CATEGORIES}
+        for c, ms in self.busy_share_ms.items():
+            cats[c]["busy_share_ms_per_step"] = round(ms, 4)
+        for c, top in self.top_kernels.items():
+            cats[c]["top_kernels"] = [[n, round(ms, 4)] for n, ms in top]
         return {"steps": self.steps, "source": self.source, "gpu_busy_ms_per_step": round(self.gpu_busy_ms, 4),
-                "categories": {c: {"ms_per_step": round(self.mean_ms(c), 4), "share": round(self.mean_ms(c) / total, 4)}
-                               for c in CATEGORIES},
-                "top_other_kernels": [[n, round(ms, 4)] for n, ms in self.top_other]}
+                "overlap_ms_per_step": round(total - self.gpu_busy_ms, 4) if self.busy_share_ms else None,
+                "categories": cats, "top_other_kernels": [[n, round(ms, 4)] for n, ms in self.top_other]}
+
+
+def busy_shares(kernels: list[Kernel], cat_of) -> dict[str, float]:
+    """Each category's share of the busy time of these kernels (us): every interval in which n kernels run
+    is split evenly among them. The shares add up to trace.busy_us(kernels)."""
+    events = sorted([(k.ts, 1, i) for i, k in enumerate(kernels)] + [(k.ts + k.dur, -1, i) for i, k in enumerate(kernels)])
+    out: dict[str, float] = defaultdict(float)
+    running: set[int] = set()
+    last = None
+    for t, kind, i in events:
+        if running and last is not None and t > last:
+            for j in running:
+                out[cat_of(kernels[j])] += (t - last) / len(running)
+        last = t
+        if kind == 1:
+            running.add(i)
+        else:
+            running.discard(i)
+    return dict(out)
 
 
 def breakdown(steps: Steps) -> Breakdown:
@@ -56,17 +91,19 @@ def breakdown(steps: Steps) -> Breakdown:
     if steps.count == 0:
         raise ValueError("no complete decode step in the profiled window")
     per_step = {c: [0.0] * steps.count for c in CATEGORIES}
-    other: dict[str, float] = defaultdict(float)
+    by_name: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    shares: dict[str, float] = {c: 0.0 for c in CATEGORIES}
     busy = []
     for i, ks in enumerate(steps.kernels):
         for k in ks:
             cat = category(k)
             per_step[cat][i] += k.dur / 1e3
-            if cat == "other":
-                other[k.name[:120]] += k.dur / 1e3 / steps.count
+            by_name[cat][k.name[:120]] += k.dur / 1e3 / steps.count
+        for c, us in busy_shares(ks, category).items():
+            shares[c] += us / 1e3 / steps.count
         busy.append(busy_us(ks) / 1e3)
-    top = sorted(other.items(), key=lambda kv: -kv[1])[:5]
-    return Breakdown(steps.count, steps.source, per_step, busy, top)
+    top = {c: sorted(names.items(), key=lambda kv: -kv[1])[:5] for c, names in by_name.items()}
+    return Breakdown(steps.count, steps.source, per_step, busy, top.get("other", []), shares, top)
 
 
 def breakdown_metrics(b: Breakdown, steady_ms: float, gated: tuple[str, ...], rel_tol: float,
