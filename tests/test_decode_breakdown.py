@@ -177,7 +177,9 @@ def test_the_breakdown_table_shows_each_category_against_its_baseline():
     metrics["step_routed_experts_ms"] = MetricDoc(experts, Comparison(Verdict.REGRESSION, experts.value, baseline=0.020))
     metrics["pct_of_floor_routed_experts"] = MetricDoc(Metric(41.0, "%", "higher", gated=False))
     case = CaseDoc("decode[x]", "decode", "REGRESSION", None, metrics, info={"breakdown": b.to_json()})
-    [(title, rows)] = breakdown_tables([case, CaseDoc("decode[no-profile]", "decode", "PASS", None, {})])
+    [t] = breakdown_tables([case, CaseDoc("decode[no-profile]", "decode", "PASS", None, {})])
+    title, rows = t.title, t.rows
+    assert t.header[0] == "category" and all(len(r) == len(t.header) for r in rows)
     assert title.startswith("decode step breakdown: decode[x] (3 profiled steps, annotations")
     by_name = {r[0]: r for r in rows}
     assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]
