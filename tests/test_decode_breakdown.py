@@ -52,6 +52,9 @@ def test_complete_annotated_steps_only_and_launch_attribution():
     ("void marlin::Marlin<...>(...)", "dense_gemms"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms_elementwise"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    # vLLM's custom allreduce (its TP allreduce for decode sizes on NVLink and on two PCIe GPUs)
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, ...)", "communication"),
+    ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, ...)", "communication"),
     ("mystery_kernel_xyz", "other"),
 ])
 def test_category_map(name, want):
@@ -93,7 +96,9 @@ def test_busy_time_counts_overlap_once():
 
 
 def test_metrics_gate_only_the_named_categories_and_host_gap_is_step_minus_busy():
-    m = breakdown_metrics(breakdown(_steps()), steady_ms=0.2, gated=GATED, rel_tol=0.05)
+    # communication is named too: it has no kernel in the fixture (one GPU), and 0 ms/step is never gated
+    m = breakdown_metrics(breakdown(_steps()), steady_ms=0.2, gated=GATED + ("communication",), rel_tol=0.05)
+    assert m["step_communication_ms"].value == 0
     assert {n for n, x in m.items() if x.gated} == {f"step_{c}_ms" for c in GATED}
     assert m["step_routed_experts_ms"].rel_tol == 0.05 and m["step_routed_experts_ms"].noise == 0.0
     assert m["step_host_gap_ms"].value == pytest.approx(0.2 - 0.0855)
@@ -164,6 +169,16 @@ def test_instances_combine_to_the_median_with_the_spread_between_them_as_noise()
     two = combine_instances(runs[:2] + [{"ms_per_token": Metric(6.79, "ms", "lower", noise=0.001)}])["ms_per_token"]
     assert two.noise == pytest.approx((6.94 - 6.79) / 2 / 6.79)  # MAD reads 0 with two equal values
     assert combine_instances(runs[:1])["ms_per_token"] is runs[0]["ms_per_token"]
+
+
+def test_a_metric_that_one_instance_lacks_is_combined_but_not_gated():
+    # the second engine instance's profiled trial found no attention kernel: the median of one instance
+    # is no A/A figure, so the combined category is reported, not gated; what both have stays gated
+    both = {"ms_per_token": Metric(6.8, "ms", "lower", rel_tol=0.1)}
+    first = both | {"step_attention_ms": Metric(0.5, "ms", "lower", noise=0.01)}
+    out = combine_instances([first, dict(both)])
+    assert out["ms_per_token"].gated and not out["step_attention_ms"].gated
+    assert out["step_attention_ms"].value == 0.5
 
 
 def test_the_breakdown_table_shows_each_category_against_its_baseline():
