@@ -16,10 +16,10 @@ import pytest
 
 from moebench import compat, hardware, interrupts, report
 from moebench.benchmark_tables import hide_benchmark_tables
-from moebench.family_tables import family_tables
 from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
+from moebench.family_tables import family_tables
 from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.results import Row

@@ -1,8 +1,8 @@
 """The decode step breakdown as a table: per category ms/step, share, baseline, delta and % of floor.
 
 Reads cases as the results document holds them (moebench.results.CaseDoc), so the terminal summary, the
-markdown summary and `moebench report` render the same table from the same data. The decode family's
-renderer in moebench.family_tables.
+markdown summary and `moebench report` render the same table from the same data. breakdown_tables is
+the decode family's renderer, registered in moebench.family_tables.RENDERERS.
 """
 
 from __future__ import annotations
