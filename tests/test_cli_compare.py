@@ -152,7 +152,7 @@ def test_process_level_exit_codes_and_no_traceback(tmp_path):
 
 
 def test_case_patterns_treat_brackets_literally():
-    from moebench.cli import glob_match
+    from moebench.cli_common import glob_match
 
     assert glob_match("gemm[tiny-tp8-gemm1-m4-bf16-decode-triton]", "gemm[tiny-tp8-gemm1-m4-*]")
     assert glob_match("selfcheck[copy-64MiB-cpu]", "selfcheck[*]")

@@ -1,5 +1,5 @@
 """The verdict gate (baselines/compare.py) with fake numbers: every verdict, both directions, precedence,
-the case verdict, which verdicts fail a test, and the one-line failure message.
+the case verdict, which verdicts fail a test (the failure line made of them: tests/test_report.py).
 
 Pure functions, so the tables below are the specification: no clocks, no files.
 """
@@ -15,7 +15,6 @@ from moebench.baselines.compare import (
     case_verdict,
     compare_metric,
     failing,
-    one_line,
 )
 from moebench.metrics import Metric
 
@@ -132,28 +131,25 @@ def test_failing(verdict):
     assert (failing(verdict, strict=False), failing(verdict, strict=True)) == FAILS[verdict]
 
 
-def test_one_line_regression_message():
-    c = compare_metric(Metric(100.0, "us", "lower", noise=0.014826, n=5), m(70.0))
-    line = one_line("fake[a]", "latency_us", c, "us")
-    assert line == ("REGRESSION fake[a] latency_us: 100 us, baseline 70 us, delta +42.9%, "
-                    "tolerance 5.0%, noise 3.0%")
-
-
-def test_one_line_higher_is_better_and_without_baseline():
-    c = compare_metric(m(44, "higher"), m(50, "higher", rel_tol=0.1))
-    assert one_line("d[x]", "tok_s", c, "tok/s") == (
-        "REGRESSION d[x] tok_s: 44 tok/s, baseline 50 tok/s, delta -12.0%, tolerance 10.0%, noise 0.0%")
-    new = one_line("d[x]", "tok_s", compare_metric(m(45, "higher"), None), "tok/s")
-    assert new == "NEW d[x] tok_s: 45 tok/s, no baseline"
-    assert "\n" not in new
-
-
 def test_one_display_order_for_every_table_follows_the_gates_severity():
-    from moebench.baselines.compare import DISPLAY_ORDER, SEVERITY, display_rank
+    from moebench.baselines.compare import DISPLAY_ORDER, display_rank
+    from moebench.report import sorted_rows, tally
+    from moebench.results import Row
 
-    gate = [v for v in DISPLAY_ORDER if v in {x.value for x in Verdict}]
-    assert gate == [v.value for v in sorted(Verdict, key=SEVERITY.__getitem__, reverse=True)]
-    assert DISPLAY_ORDER[:4] == ("REGRESSION", "FAIL", "ERROR", "MISSING") and DISPLAY_ORDER[-1] == "SKIP"
+    # The order itself, spelled out: it is the specification (SEVERITY and DISPLAY_ORDER are both read
+    # from Outcome's declaration, so comparing one with the other could never fail).
+    worst_first = ["REGRESSION", "FAIL", "ERROR", "MISSING", "STALE", "ENV_MISMATCH", "AMBIGUOUS", "NEW",
+                   "IMPROVEMENT", "PASS", "SKIP"]
+    assert [o.value for o in DISPLAY_ORDER] == worst_first
+    # The gate's severity: of any two verdicts a case's is the one listed first.
+    gate = [v for v in worst_first if v in {x.value for x in Verdict}]
+    for i, worse in enumerate(gate):
+        for better in gate[i + 1:]:
+            assert case_verdict({"a": Comparison(V(better), 1.0), "b": Comparison(V(worse), 1.0)}) is V(worse)
+    # Every table and tally shows outcomes in that order.
+    rows = [Row(f"t::{o}", f"k[{o}]", o) for o in reversed(worst_first)]
+    assert [r.verdict for r in sorted_rows(rows)] == worst_first
+    assert tally(reversed(worst_first)) == ", ".join(f"1 {o}" for o in worst_first)
     assert display_rank("SOMETHING NEW") == -1  # an outcome nobody ranked sorts first
 
 

@@ -52,6 +52,9 @@ def test_complete_annotated_steps_only_and_launch_attribution():
     ("void marlin::Marlin<...>(...)", "dense_gemms"),
     ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_0", "norms_elementwise"),
     ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    # vLLM's custom allreduce (its TP allreduce for decode sizes on NVLink and on two PCIe GPUs)
+    ("void vllm::cross_device_reduce_1stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, ...)", "communication"),
+    ("void vllm::cross_device_reduce_2stage<__nv_bfloat16, 8>(vllm::RankData*, vllm::RankSignals, ...)", "communication"),
     ("mystery_kernel_xyz", "other"),
 ])
 def test_category_map(name, want):
@@ -93,7 +96,9 @@ def test_busy_time_counts_overlap_once():
 
 
 def test_metrics_gate_only_the_named_categories_and_host_gap_is_step_minus_busy():
-    m = breakdown_metrics(breakdown(_steps()), steady_ms=0.2, gated=GATED, rel_tol=0.05)
+    # communication is named too: it has no kernel in the fixture (one GPU), and 0 ms/step is never gated
+    m = breakdown_metrics(breakdown(_steps()), steady_ms=0.2, gated=GATED + ("communication",), rel_tol=0.05)
+    assert m["step_communication_ms"].value == 0
     assert {n for n, x in m.items() if x.gated} == {f"step_{c}_ms" for c in GATED}
     assert m["step_routed_experts_ms"].rel_tol == 0.05 and m["step_routed_experts_ms"].noise == 0.0
     assert m["step_host_gap_ms"].value == pytest.approx(0.2 - 0.0855)
@@ -166,6 +171,16 @@ def test_instances_combine_to_the_median_with_the_spread_between_them_as_noise()
     assert combine_instances(runs[:1])["ms_per_token"] is runs[0]["ms_per_token"]
 
 
+def test_a_metric_that_one_instance_lacks_is_combined_but_not_gated():
+    # the second engine instance's profiled trial found no attention kernel: the median of one instance
+    # is no A/A figure, so the combined category is reported, not gated; what both have stays gated
+    both = {"ms_per_token": Metric(6.8, "ms", "lower", rel_tol=0.1)}
+    first = both | {"step_attention_ms": Metric(0.5, "ms", "lower", noise=0.01)}
+    out = combine_instances([first, dict(both)])
+    assert out["ms_per_token"].gated and not out["step_attention_ms"].gated
+    assert out["step_attention_ms"].value == 0.5
+
+
 def test_the_breakdown_table_shows_each_category_against_its_baseline():
     from moebench.decode.breakdown_report import breakdown_tables
     from moebench.results import CaseDoc, MetricDoc
@@ -177,7 +192,9 @@ def test_the_breakdown_table_shows_each_category_against_its_baseline():
     metrics["step_routed_experts_ms"] = MetricDoc(experts, Comparison(Verdict.REGRESSION, experts.value, baseline=0.020))
     metrics["pct_of_floor_routed_experts"] = MetricDoc(Metric(41.0, "%", "higher", gated=False))
     case = CaseDoc("decode[x]", "decode", "REGRESSION", None, metrics, info={"breakdown": b.to_json()})
-    [(title, rows)] = breakdown_tables([case, CaseDoc("decode[no-profile]", "decode", "PASS", None, {})])
+    [t] = breakdown_tables([case, CaseDoc("decode[no-profile]", "decode", "PASS", None, {})])
+    title, rows = t.title, t.rows
+    assert t.header[0] == "category" and all(len(r) == len(t.header) for r in rows)
     assert title.startswith("decode step breakdown: decode[x] (3 profiled steps, annotations")
     by_name = {r[0]: r for r in rows}
     assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]

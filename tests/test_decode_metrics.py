@@ -177,6 +177,20 @@ def test_a_config_quantization_the_floor_cannot_count_is_named():
     assert floor.config_quantization({}) is None
 
 
+@pytest.mark.parametrize("ignore, quantized", [
+    (["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|gate_up|down)_proj.*"],
+     {"routed_experts"}),                                             # the shipped INT4 rank's list
+    (["kv_a_proj_with_mqa"], {"dense_mlp", "routed_experts", "shared_experts", "head"}),  # a bare leaf name
+    (["shared_experts.gate_proj"], {"attention", "dense_mlp", "routed_experts", "head"}),  # a dotted tail
+    (["model.layers.0.mlp.gate_proj"], {"attention", "routed_experts", "shared_experts", "head"}),  # a full name
+    (["proj", "mlp.experts"], {"attention", "dense_mlp", "routed_experts", "shared_experts", "head"}),  # not a name
+])
+def test_the_ignore_list_matches_names_leaves_tails_and_patterns(ignore, quantized):
+    cfg = models.read_config(models.shipped_models()["kimi-k2.5-int4-rank"])
+    cfg["quantization_config"] = dict(cfg["quantization_config"], ignore=ignore)
+    assert floor.config_quantization(cfg)[1] == quantized
+
+
 def test_floor_refuses_what_it_cannot_count():
     with pytest.raises(floor.FloorUnknown):
         floor.weight_bytes_per_token({"hidden_size": 8}, "bfloat16")

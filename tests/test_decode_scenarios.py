@@ -324,3 +324,34 @@ def test_a_category_can_carry_its_own_tolerance():
                         ("0.2", "must be a table")):
         with pytest.raises(ScenarioError, match=re.escape(needle)):
             _scenario(rel_tol_categories=bad)
+
+
+def test_the_category_map_version_is_part_of_a_gated_breakdowns_definition(monkeypatch):
+    # a change of the category rules makes stored category baselines STALE instead of a regression
+    from moebench.decode import scenarios
+    from moebench.provenance import definition_hash
+
+    case = DecodeCase(_scenario(gate_categories=["routed_experts"], profile_steps=8), "vllm")
+    before = definition_hash(case.definition())
+    monkeypatch.setattr(scenarios, "MAP_VERSION", scenarios.MAP_VERSION + 1)
+    assert definition_hash(case.definition()) != before
+    plain = DecodeCase(_scenario(), "vllm")  # no gated category: its definition does not move with the map
+    assert "breakdown_map" not in plain.definition()  # so the stored entries of such cases stay valid
+
+
+@pytest.mark.parametrize("used", [["moebench_w4 (WNA16 MoE)", "Marlin (WNA16 MoE)"],
+                                  ["Marlin (WNA16 MoE)", "moebench_w4 (WNA16 MoE)", "TRITON (Unquantized MoE)"]])
+def test_the_expected_kernel_may_be_any_moe_line_of_the_log_not_only_the_last(used):
+    from moebench.decode.runner import check_choices
+
+    case = DecodeCase(_scenario(moe_backend="auto", moe_hook="moebench_w4", expect_moe="moebench_w4"), "vllm")
+    assert check_choices(case, {"moe": used, "lines": []}) == ""
+
+
+@pytest.mark.parametrize("pin, used", [("FLASH_ATTN_MLA", "flash-attn mla"), ("flash attn mla", "FLASH_ATTN_MLA"),
+                                       ("TRITON-MLA", "triton_mla")])
+def test_backend_names_match_whatever_their_case_and_separators(pin, used):
+    from moebench.decode.runner import check_choices
+
+    case = DecodeCase(_scenario(attention_backend=pin), "vllm")
+    assert check_choices(case, {"moe": ["TRITON (Unquantized MoE)"], "attention": [used], "lines": []}) == ""

@@ -108,6 +108,35 @@ def test_a_wrong_backend_fails_its_case_before_anything_is_timed(fakebench):
     assert not (fakebench.path / "timed.txt").exists(), "a wrong kernel was timed"
 
 
+def test_a_case_is_checked_against_its_backends_own_error_bound(monkeypatch):
+    """benchmarks/test_gemm.py hands the backend's error_bounds to the check (the GPU backends whose
+    arithmetic is coarser than their dtype's, as Marlin's int4): torch_loop 5% off, with a 10% bound of
+    its own, passes its check and is recorded."""
+    import dataclasses
+    import importlib.util
+
+    from moebench.gemm.backends import BACKENDS
+
+    spec = importlib.util.spec_from_file_location("benchmarks_test_gemm", REPO / "benchmarks" / "test_gemm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    real = BACKENDS["torch_loop"]
+
+    def build(case, wl):
+        built = real.build(case, wl)
+        built.calls = [lambda c=c: c().mul_(1.05) for c in built.calls]
+        return built
+
+    monkeypatch.setitem(BACKENDS, "torch_loop", dataclasses.replace(real, build=build, error_bounds={"bf16": 0.1}))
+    monkeypatch.setattr(bench, "_workload", lambda shape, device: Workload(shape, device, rotations=2))
+    recorded = []
+    moebench = type("FakeBench", (), {"progress": lambda self, msg: None, "ceiling": lambda self, dev, kind: 1e9,
+                                      "record": lambda self, key, *a, **kw: recorded.append((key, kw["info"]))})()
+    bench.test_gemm(GemmCase("tiny", 8, "fused", 1, "bf16", "decode", "torch_loop"), moebench, None)
+    [(key, info)] = recorded
+    assert info["check"]["bound"] == 0.1 and 0.04 < info["check"]["rel_error"] < 0.06
+
+
 # --- what the times mean to the gate -----------------------------------------------------------------
 
 def test_primary_time_takes_the_builds_tolerance(tiny_wl):

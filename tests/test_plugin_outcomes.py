@@ -1,6 +1,7 @@
 """The closing verdict table for tests that fail or error: a failure in the test reads FAIL, one in its
 setup or teardown ERROR, each with the first line of its exception's message. pytest-benchmark's own
-tables stay out of the terminal unless asked for, and its JSON, storage and compare-fail keep working."""
+tables stay out of the terminal unless asked for, and its JSON, storage and compare-fail keep working. A
+family's own table (decode's step breakdown) follows the verdict table in the terminal and the markdown."""
 
 from __future__ import annotations
 
@@ -107,3 +108,34 @@ def test_benchmark_compare_fail_still_applies_with_the_tables_off(fakebench, tmp
     assert second.ret != 0
     assert "Performance has regressed" in second.stderr.str()
     assert "test_fake[a]" in second.stderr.str() and "benchmark: 2 tests" not in second.stdout.str()
+
+
+FAMILY_TABLE_TEST = '''
+import pytest
+
+from moebench.decode.breakdown import Breakdown, breakdown_metrics
+from moebench.decode.categories import CATEGORIES
+from moebench.metrics import Metric
+
+
+@pytest.mark.decode
+def test_profiled(moebench):
+    b = Breakdown(4, "annotations", {c: [0.25] * 4 for c in CATEGORIES}, [2.0] * 4)
+
+    def measure():
+        return {"ms_per_token": Metric(2.5, "ms", "lower")} | breakdown_metrics(b, 2.5, ("attention",), 0.05)
+
+    moebench.record("decode[profiled]", "decode", {"x": 1}, measure, info={"breakdown": b.to_json()},
+                    primary="ms_per_token")
+'''
+
+
+def test_a_familys_table_closes_the_terminal_summary_and_the_markdown(fakebench):
+    # decode's step breakdown reaches both through family_tables' registered renderer (the report
+    # layer imports no family)
+    fakebench.pytester.makepyfile(test_family_table=FAMILY_TABLE_TEST)
+    md = fakebench.path / "summary.md"
+    r = fakebench.run("test_family_table.py", "--summary-md", str(md))
+    r.stdout.fnmatch_lines(["decode step breakdown: decode[[]profiled[]] (4 profiled steps, annotations*",
+                            "attention (gated)*0.250*"])
+    assert "#### decode step breakdown: decode[profiled] (4 profiled steps" in md.read_text()

@@ -1,6 +1,9 @@
-"""The closing table folds skips that share a reason; measured rows and lone skips stay as they are."""
+"""The report layer: the closing table folds skips that share a reason (measured rows and lone skips stay
+as they are), one number format everywhere, and the failure line made of the gate's numbers."""
 
-from moebench.report import display_rows, markdown_table, tally, text_table
+from moebench.baselines.compare import compare_metric
+from moebench.metrics import Metric
+from moebench.report import display_rows, markdown_table, one_line, tally, text_table
 from moebench.results import Row
 
 
@@ -31,7 +34,6 @@ def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_m
     import json
     from pathlib import Path
 
-    from moebench.baselines.compare import compare_metric, one_line
     from moebench.baselines.store import merge_entries
     from moebench.cli import main
     from moebench.metrics import Metric
@@ -59,3 +61,19 @@ def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_m
     main(["compare", *map(str, runs)])
     line = next(line for line in capsys.readouterr().out.splitlines() if "copy-64MiB-cpu]" in line and "aa-" not in line)
     assert "20 GB/s" in line and "25 GB/s" in line and "+25.0%" in line
+
+
+def test_one_line_regression_message():
+    c = compare_metric(Metric(100.0, "us", "lower", noise=0.014826, n=5), Metric(70.0, "us", "lower", rel_tol=0.05))
+    line = one_line("fake[a]", "latency_us", c, "us")
+    assert line == ("REGRESSION fake[a] latency_us: 100 us, baseline 70 us, delta +42.9%, "
+                    "tolerance 5.0%, noise 3.0%")
+
+
+def test_one_line_higher_is_better_and_without_baseline():
+    c = compare_metric(Metric(44, "tok/s", "higher"), Metric(50, "tok/s", "higher", rel_tol=0.1))
+    assert one_line("d[x]", "tok_s", c, "tok/s") == (
+        "REGRESSION d[x] tok_s: 44 tok/s, baseline 50 tok/s, delta -12.0%, tolerance 10.0%, noise 0.0%")
+    new = one_line("d[x]", "tok_s", compare_metric(Metric(45, "tok/s", "higher"), None), "tok/s")
+    assert new == "NEW d[x] tok_s: 45 tok/s, no baseline"
+    assert "\n" not in new

@@ -78,6 +78,9 @@ def test_the_results_version_is_written_and_checked(tmp_path):
     assert ResultsDoc.from_json(doc | {"results_version": RESULTS_VERSION}, "now.json").cases == {}
     with pytest.raises(ResultsError, match=r"^new.json: results_version: this moebench reads versions 1..1, got 2"):
         ResultsDoc.from_json(doc | {"results_version": RESULTS_VERSION + 1}, "new.json")
+    for bad in (True, 1.0, "1", 0):  # true == 1 in Python, but it is no version
+        with pytest.raises(ResultsError, match=r"^bad.json: results_version: this moebench reads versions 1..1, got"):
+            ResultsDoc.from_json(doc | {"results_version": bad}, "bad.json")
     from moebench.baselines.store import BaselineSet
     from moebench.session import RunState
 

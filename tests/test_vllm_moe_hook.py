@@ -21,9 +21,10 @@ class Layer:
     pass
 
 
-def _method_class(wrong: bool):
+def _method_class(off: float = 1.0):
     """A stand-in with the interface the hook patches. Its 'Marlin' repack stashes the dequantized
-    weights; its apply is the float32 reference on them (zeros when `wrong`)."""
+    weights; its apply is the float32 reference on them, times `off` (1.06: an engine kernel 6% away from
+    ours, which the first-forward check must refuse; a zero output would read ~1e30 and test no bound)."""
     from moebench.gemm.triton_moe.reference import fused_moe_ref
 
     class FakeMarlinMethod:
@@ -37,7 +38,7 @@ def _method_class(wrong: bool):
 
         def apply(self, layer, x, topk_weights, topk_ids, shared_experts_input=None):
             out = fused_moe_ref(x, layer.ref[0], layer.ref[1], topk_weights, topk_ids).to(x.dtype)
-            return out * 0 if wrong else out
+            return out * off
 
     return FakeMarlinMethod
 
@@ -60,9 +61,9 @@ def _layer(seed):
     return layer
 
 
-def _run_hook(wrong: bool, hook: str = "moebench_w4"):
+def _run_hook(off: float, hook: str = "moebench_w4"):
     """In the interpreter worker: install `hook` on a stand-in, load two layers, run both on one batch."""
-    cls = _method_class(wrong)
+    cls = _method_class(off)
     vllm_moe_hook.install(cls, hook)
     method, layers = cls(), [_layer(1), _layer(2)]
     for layer in layers:
@@ -91,7 +92,7 @@ def _with_ref(layer, x, tw, ids):
 
 @pytest.mark.parametrize("hook, layout", [("moebench_w4", "moebench.gemm.triton_moe.w4"), ("moebench_mma", "moebench.gemm.triton_moe.w4_mma")])
 def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_forward(interp, hook, layout):
-    r = interp(_run_hook, False, hook)
+    r = interp(_run_hook, 1.0, hook)
     assert "error" not in r, r
     assert r["packed"] == layout, r           # the layout of the hook's own kernel (W4Weight, W4Tiles)
     assert max(r["errs"]) < 1e-2, r          # our kernel on the repacked engine tensors: the right answer
@@ -101,13 +102,67 @@ def test_the_hook_runs_our_kernel_on_the_engines_weights_and_checks_the_first_fo
 
 @pytest.mark.parametrize("hook", ["moebench_w4", "moebench_mma"])
 def test_a_kernel_that_disagrees_with_the_engine_fails_the_first_forward(interp, hook):
-    r = interp(_run_hook, True, hook)
+    r = interp(_run_hook, 1.06, hook)  # 6% apart: a few times the bound, far under a garbage kernel's ~1
     assert f"{hook} differs from Marlin on the first forward" in r.get("error", ""), r
+    err = float(r["error"].split("relative error ")[1].split(" ")[0])
+    assert 0.04 < err < 0.08, r
+
+
+class _FixedKernel:
+    """Stands in for our Triton kernel with a fixed output, so that the first-forward check runs alone
+    (no interpreter): our output against the stand-in engine's."""
+
+    name = "fixed"
+
+    def __init__(self, out):
+        self.out = out
+
+    def from_compressed_tensors(self, packed, scale):
+        return packed
+
+    def fused_moe(self, x, w1, w2, topk_weights, topk_ids, pdl=False):
+        return self.out
+
+
+ENGINE_OUT = torch.linspace(1.0, 2.0, 12).reshape(3, 4)
+NAN = float("nan")
+
+
+@pytest.mark.parametrize("ours, engine, passes", [
+    (ENGINE_OUT * 1.015, ENGINE_OUT, True),   # 1.5% apart: under CHECK_BOUND (2e-2)
+    (ENGINE_OUT * 1.03, ENGINE_OUT, False),   # 3% apart: over it
+    (ENGINE_OUT * NAN, ENGINE_OUT, False),    # NaN never passes, from either side
+    (ENGINE_OUT, ENGINE_OUT * NAN, False),
+])
+def test_the_first_forward_check_refuses_an_error_over_its_bound_and_nan(monkeypatch, ours, engine, passes):
+    from moebench.gemm.triton_moe import w4_kernels
+
+    monkeypatch.setattr(w4_kernels, "get", lambda name: _FixedKernel(ours))
+
+    class Method:
+        num_bits, group_size, actorder, kernel_backend, marlin_input_dtype = 4, 32, None, "Marlin", None
+
+        def process_weights_after_loading(self, layer):
+            pass
+
+        def apply(self, layer, x, topk_weights, topk_ids, shared_experts_input=None):
+            return engine
+
+    vllm_moe_hook.install(Method, "moebench_w4")
+    layer = Layer()
+    for n in ("w13_weight_packed", "w2_weight_packed", "w13_weight_scale", "w2_weight_scale"):
+        setattr(layer, n, torch.nn.Parameter(torch.zeros(2, 4, 16), requires_grad=False))
+    Method().process_weights_after_loading(layer)
+    if passes:
+        assert Method().apply(layer, torch.zeros(3, 8), None, None) is ours
+    else:
+        with pytest.raises(RuntimeError, match="moebench_w4 differs from Marlin on the first forward"):
+            Method().apply(layer, torch.zeros(3, 8), None, None)
 
 
 def test_an_unknown_hook_is_refused_by_name():
     with pytest.raises(ValueError, match="'moebench_nope': not one of moebench_w4, moebench_mma"):
-        vllm_moe_hook.install(_method_class(False), "moebench_nope")
+        vllm_moe_hook.install(_method_class(), "moebench_nope")
 
 
 def test_layers_the_kernel_does_not_cover_keep_the_engine_kernel():
@@ -123,29 +178,53 @@ def test_layers_the_kernel_does_not_cover_keep_the_engine_kernel():
     layer = Layer()  # int32 [E, K/8, N]: 2I = 40 rows do not fill 16-row tiles
     layer.w13_weight_packed, layer.w2_weight_packed = torch.zeros(2, 8, 40), torch.zeros(2, 4, 64)
     assert "w13_weight_packed (2, 8, 40)" in vllm_moe_hook.unsupported(m, layer)
+    layer.w13_weight_packed = torch.zeros(2, 6, 64)  # K = 8 x 6 = 48: not whole groups of 32
+    assert "w13_weight_packed (2, 6, 64)" in vllm_moe_hook.unsupported(m, layer)
     layer.w13_weight_packed = torch.zeros(2, 8, 64)
     assert vllm_moe_hook.unsupported(m, layer) == ""
 
 
-def test_the_plugin_folder_declares_register_as_a_vllm_general_plugin():
-    path = vllm_moe_hook.hook_path()
-    eps = importlib.metadata.entry_points(group="vllm.general_plugins")
-    found = [ep for d in importlib.metadata.distributions(path=[path]) for ep in d.entry_points
-             if ep.group == "vllm.general_plugins"]
-    assert [ep.value for ep in found] == ["moebench.decode.vllm_moe_hook:register"]
+def test_the_plugin_folder_declares_register_as_a_vllm_general_plugin(monkeypatch):
+    # what vLLM does in each of its processes: list the group's entry points on its path, load them
+    monkeypatch.syspath_prepend(vllm_moe_hook.hook_path())
+    found = [ep for ep in importlib.metadata.entry_points(group="vllm.general_plugins")
+             if ep.value.startswith("moebench.")]
+    assert [(ep.name, ep.value) for ep in found] == [("moebench_moe_hook", "moebench.decode.vllm_moe_hook:register")]
     assert found[0].load() is vllm_moe_hook.register
-    del eps
 
 
-def test_register_does_nothing_without_the_variable(monkeypatch):
+def _fake_vllm(monkeypatch) -> list:
+    """vLLM's compressed-tensors Marlin MoE module as register() imports it, and install() recording
+    its calls instead of patching."""
+    import sys
+    import types
+
+    calls: list = []
+    method = type("CompressedTensorsWNA16MarlinMoEMethod", (), {})
+    module = types.ModuleType("compressed_tensors_moe")
+    module.compressed_tensors_moe_wna16_marlin = types.SimpleNamespace(CompressedTensorsWNA16MarlinMoEMethod=method)
+    monkeypatch.setitem(sys.modules, "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe",
+                        module)
+    monkeypatch.setattr(vllm_moe_hook, "install", lambda cls, hook: calls.append((cls.__name__, hook)))
+    return calls
+
+
+def test_register_does_nothing_without_the_variable(monkeypatch, capsys):
+    calls = _fake_vllm(monkeypatch)
     monkeypatch.delenv(vllm_moe_hook.ENV, raising=False)
-    vllm_moe_hook.register()  # would import vllm (absent here) if it acted
+    vllm_moe_hook.register()
+    assert calls == [] and capsys.readouterr().err == ""
+    monkeypatch.setenv(vllm_moe_hook.ENV, "moebench_mma")  # and with it, it installs the named hook
+    vllm_moe_hook.register()
+    assert calls == [("CompressedTensorsWNA16MarlinMoEMethod", "moebench_mma")]
 
 
 def test_register_with_a_name_it_does_not_know_says_so_and_changes_nothing(monkeypatch, capsys):
+    calls = _fake_vllm(monkeypatch)
     monkeypatch.setenv(vllm_moe_hook.ENV, "w4")  # the variable's value before hooks had names
-    vllm_moe_hook.register()  # would import vllm (absent here) if it acted
+    vllm_moe_hook.register()
     assert "MOEBENCH_VLLM_MOE='w4': not one of moebench_w4, moebench_mma" in capsys.readouterr().err
+    assert calls == []
 
 
 def test_no_hook_name_contains_another():

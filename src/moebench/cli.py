@@ -14,28 +14,24 @@ Exit codes: 0 fine, 1 the comparison found what --fail-on names (a regression by
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import os
 import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
+from moebench import cli_aa, cli_baselines
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
+from moebench.cli_common import EXIT_FOUND, EXIT_OK, EXIT_USAGE, CliError, check_patterns, matcher
 from moebench.results import ResultsError
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
 from moebench.runs import backend_matrix, compare_runs, load_run, load_runs
 
-EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
 VERDICT_NAMES = [v.value for v in Verdict] + [Outcome.MISSING.value]
-
-
-class CliError(Exception):
-    """Bad input: printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -52,35 +48,14 @@ def _natural(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def glob_match(key: str, pattern: str) -> bool:
-    """Shell-style `*` and `?`; brackets are literal, since case keys contain them: 'gemm[kimi-*]'."""
-    literal = "".join({"[": "[[]", "]": "[]]"}.get(ch, ch) for ch in pattern)
-    return key == pattern or fnmatch.fnmatchcase(key, literal)
-
-
-def _matcher(patterns: Sequence[str] | None) -> Callable[[str], bool] | None:
-    if not patterns:
-        return None
-    return lambda key: any(glob_match(key, p) for p in patterns)
-
-
-def _check_patterns(patterns: Sequence[str] | None, keys: Sequence[str], where: str) -> None:
-    """Every --case pattern must name at least one case: a typo is an error, not an empty result."""
-    for p in patterns or ():
-        if not any(glob_match(k, p) for k in keys):
-            near = [k for k in keys if p.strip("*[]").lower() in k.lower()][:3]
-            hint = f" (did you mean {', '.join(near)}?)" if near else ""
-            raise CliError(f"--case {p!r}: no such case in {where}{hint}")
-
-
 # --- compare ------------------------------------------------------------------------------------
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Two runs side by side with the gate's verdict per case."""
     a, b = load_run(args.a), load_run(args.b)
     deltas = compare_runs(a, b, ignore_hardware=args.ignore_hardware)
-    keep = _matcher(args.case)
-    _check_patterns(args.case, [d.key for d in deltas], f"{args.a} or {args.b}")
+    keep = matcher(args.case)
+    check_patterns(args.case, [d.key for d in deltas], f"{args.a} or {args.b}")
     deltas = [d for d in deltas if keep is None or keep(d.key)]
     deltas.sort(key=lambda d: (display_rank(d.verdict), d.key))
     print(f"reference  {a.path}: {a.hardware_key}, {a.label}")
@@ -169,7 +144,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     except plots.PlotsUnavailable as e:
         raise CliError(str(e)) from None
     runs = load_runs(args.results)
-    _check_patterns(args.case, sorted({k for r in runs for k in r.cases}), " or ".join(args.results))
+    check_patterns(args.case, sorted({k for r in runs for k in r.cases}), " or ".join(args.results))
     if args.metric and not any(args.metric in c.metrics for r in runs for c in r.cases.values()):
         raise CliError(f"--metric {args.metric!r}: no case in the given runs has this metric")
     baselines = None
@@ -179,7 +154,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise CliError(f"--baseline-dir {args.baseline_dir}: no such folder")
         baselines = {hw: BaselineSet.load(root, hw) for hw in {r.hardware_key for r in runs}}
     rows, written = plots.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
-                                       case_filter=_matcher(args.case))
+                                       case_filter=matcher(args.case))
     pngs = [p for p in written if p.suffix == ".png"]
     print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
                 [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
@@ -260,8 +235,6 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")
     b.set_defaults(func=cmd_backends)
 
-    from moebench import cli_baselines  # imported here: it takes its output helpers from this module
-
     bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff or promote baseline files",
                         description="Baseline files: baselines/<hardware-key>/<family>.json.")
     bsub = bl.add_subparsers(dest="baselines_command", title="actions", metavar="{show,diff,promote}", required=True)
@@ -293,7 +266,6 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     pr.set_defaults(func=cli_baselines.cmd_baselines_promote)
 
-    from moebench import cli_aa  # as cli_baselines above: it takes CliError and the exit codes from here
     aa = sub.add_parser("aa", formatter_class=fmt, help="a selection N times in separate processes: spread and false alarms",
                         description=_wrap("Run `python -m pytest PYTEST_ARGS` RUNS times, each a separate process writing "
                                     "OUT/run-<i>.json and gated as usual, then print per case its primary metric in "

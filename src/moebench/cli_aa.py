@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from moebench import aa, cli_baselines
-from moebench.cli import EXIT_FOUND, EXIT_OK, CliError
+from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError
 from moebench.report import fmt_pct, fmt_value, table
 
 

@@ -1,7 +1,7 @@
 """`moebench baselines show|diff|promote`: read, compare and (reviewed) update baseline files.
 
-Split from moebench.cli (the parser and the other commands live there; case patterns and exit codes
-come from it); numbers and tables from the report layer (moebench.report).
+The parser and the other commands live in moebench.cli; case patterns, exit codes and CliError come
+from moebench.cli_common; numbers and tables from the report layer (moebench.report).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import load_file
 from moebench.baselines.update import merge_files
-from moebench.cli import EXIT_FOUND, EXIT_OK, CliError, _check_patterns, _matcher
+from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError, check_patterns, matcher
 from moebench.report import fmt_pct, fmt_value, table
 from moebench.results import ResultsDoc, read_json
 from moebench.runs import baseline_entries
@@ -58,10 +58,10 @@ def _machine(fp: dict) -> str:
 
 def cmd_baselines_show(args: argparse.Namespace) -> int:
     """A table of the entries of baseline files, each file introduced by its header."""
-    keep = _matcher(args.case)
+    keep = matcher(args.case)
     files = _baseline_files(Path(args.path))
     docs = [(f, load_file(f)) for f in files]
-    _check_patterns(args.case, [k for _, d in docs for k in d["entries"]], args.path)
+    check_patterns(args.case, [k for _, d in docs for k in d["entries"]], args.path)
     for f, doc in docs:
         keys = [k for k in sorted(doc["entries"]) if keep is None or keep(k)]
         if keep is not None and not keys:
@@ -178,8 +178,8 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
     where = " ".join(args.source)
     if not all_keys:
         raise CliError(f"{where}: no case with gated metrics to promote")
-    _check_patterns(args.case, all_keys, where)
-    keep = _matcher(args.case) if not args.all else (lambda k: True)
+    check_patterns(args.case, all_keys, where)
+    keep = matcher(args.case) if not args.all else (lambda k: True)
     updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:
         chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}

@@ -19,7 +19,8 @@ from pathlib import Path
 from moebench.baselines.compare import Outcome, display_rank
 from moebench.baselines.store import BaselineSet
 from moebench.files import atomic_write_text
-from moebench.report import breakdowns_markdown, breakdowns_text, fmt_pct, fmt_value, markdown_grid, tally
+from moebench.family_tables import family_tables
+from moebench.report import fmt_pct, fmt_value, markdown_grid, tables_markdown, tables_text, tally
 from moebench.results import ResultsDoc
 from moebench.runs import latest_runs
 
@@ -275,10 +276,11 @@ def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None
     if latest is not None:
         title += f", latest {latest.label}"
     cases = list(latest.cases.values()) if latest is not None else []
-    extra = breakdowns_markdown(cases, "##")
+    tables = family_tables(cases)
+    extra = tables_markdown(tables, "##")
     md = index_markdown(rows, title) + (f"\n{extra}" if extra else "")
     page = index_html(rows, title).replace("</body></html>", "".join(
-        f"<pre>{html.escape(t)}</pre>" for t in breakdowns_text(cases)) + "</body></html>")
+        f"<pre>{html.escape(t)}</pre>" for t in tables_text(tables)) + "</body></html>")
     for name, text in (("index.md", md), ("index.html", page)):
         atomic_write_text(out / name, text)
         written.append(out / name)

@@ -19,6 +19,7 @@ from moebench.benchmark_tables import hide_benchmark_tables
 from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
+from moebench.family_tables import family_tables
 from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.results import Row
@@ -360,7 +361,7 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            extra = report.breakdowns_markdown([r.doc() for r in state.results])
+            extra = report.tables_markdown(family_tables(r.doc() for r in state.results))
             for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
                                               extra):
                 lines.append(f"moebench: summary written to {path}")
@@ -380,7 +381,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
         terminalreporter.write_line(report.tally(r.verdict for r in state.rows))
-    for text in report.breakdowns_text([r.doc() for r in state.results]):
+    for text in report.tables_text(family_tables(r.doc() for r in state.results)):
         terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)

@@ -3,6 +3,9 @@ and plots, and the closing verdict table of a run (terminal and markdown) with i
 
 Everything that shows a number, counts outcomes or lays out a table goes through here, so the closing
 table of `pytest`, `moebench compare|backends|baselines|report|predict` and the report's index agree.
+The gate (moebench.baselines.compare) returns numbers and reasons; the lines it fails with are made here
+(`one_line`). This layer knows no family: a family's own tables come to it as `Table`s, collected by
+moebench.family_tables.
 """
 
 from __future__ import annotations
@@ -11,11 +14,12 @@ import json
 import math
 import os
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from moebench.baselines.compare import Outcome, display_rank
+from moebench.baselines.compare import UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, display_rank
 from moebench.files import atomic_write_text
-from moebench.results import CaseDoc, Row
+from moebench.results import Row
 
 
 # --- number formats -----------------------------------------------------------------------------
@@ -41,6 +45,37 @@ def fmt_pct(x: float | None, signed: bool = False, digits: int = 1) -> str:
 def fmt_fixed(x: float | None, digits: int = 3) -> str:
     """A fixed number of decimals, for a column of like values (ms/step of a breakdown); "-" for None."""
     return "-" if x is None else f"{x:.{digits}f}"
+
+
+# --- the gate's numbers as lines --------------------------------------------------------------
+
+def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
+    """The single line a regressed test fails with: case, metric, value, baseline, delta, tolerance, noise."""
+    delta = c.delta_pct
+    parts = [
+        f"{c.verdict.value} {case_key} {metric}: {fmt_value(c.value, unit)}",
+        f"baseline {fmt_value(c.baseline, unit)}" if c.baseline is not None else "no baseline",
+        f"delta {fmt_pct(delta, signed=True)}" if delta is not None else "",
+        f"tolerance {fmt_pct(100 * c.rel_tol)}" if c.rel_tol is not None else "",
+        f"noise {fmt_pct(100 * c.noise)}" if c.noise is not None else "",
+        machine_phrase(c),
+    ]
+    return ", ".join(p for p in parts if p)
+
+
+def machine_phrase(c: Comparison) -> str:
+    """What a verdict says when the baseline came from another machine of the kind ("" otherwise)."""
+    if not c.other_machine:
+        return ""
+    if c.machine_spread is not None:
+        return f"baseline from another machine of this kind (spread between machines {fmt_pct(100 * c.machine_spread)})"
+    return (f"baseline from another machine of this kind (spread between machines not recorded: "
+            f"{fmt_pct(100 * UNKNOWN_MACHINE_SPREAD, digits=0)} assumed)")
+
+
+def fmt_changes(changes: Iterable[tuple[str, str, str]]) -> str:
+    """compare.recorded_changes as one phrase ("attention: FLASH_ATTN_MLA -> TRITON_MLA"); "" for none."""
+    return "; ".join(f"{name}: {before} -> {now}" for name, before, now in changes)
 
 
 # --- tallies and tables -------------------------------------------------------------------------
@@ -138,19 +173,24 @@ def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
     return "\n".join(out) + "\n"
 
 
-def breakdowns_text(cases: Iterable[CaseDoc]) -> list[str]:
-    """The decode step breakdown of every case that has one, as terminal tables under their titles."""
-    from moebench.decode.breakdown_report import HEADER, breakdown_tables
+@dataclass(frozen=True)
+class Table:
+    """A table a family adds under the verdict table (decode: a case's step breakdown): its title, its
+    header and its rows of formatted cells. The families' renderers are listed in moebench.family_tables."""
 
-    return [f"{title}\n{table(HEADER, rows)}" for title, rows in breakdown_tables(cases)]
+    title: str
+    header: list[str]
+    rows: list[list[str]]
 
 
-def breakdowns_markdown(cases: Iterable[CaseDoc], level: str = "####") -> str:
-    """The same as markdown sections ("" when no case has a breakdown)."""
-    from moebench.decode.breakdown_report import HEADER, breakdown_tables
+def tables_text(tables: Iterable[Table]) -> list[str]:
+    """Each table for the terminal, under its title."""
+    return [f"{t.title}\n{table(t.header, t.rows)}" for t in tables]
 
-    return "\n".join(f"{level} {title}\n\n" + "\n".join(markdown_grid(HEADER, rows)) + "\n"
-                     for title, rows in breakdown_tables(cases))
+
+def tables_markdown(tables: Iterable[Table], level: str = "####") -> str:
+    """The same as markdown sections under `level` headings ("" when there are none)."""
+    return "\n".join(f"{level} {t.title}\n\n" + "\n".join(markdown_grid(t.header, t.rows)) + "\n" for t in tables)
 
 
 def write_markdown(rows: list[Row], path: str | None, title: str, extra: str = "") -> list[str]:

@@ -8,11 +8,11 @@ from typing import Callable, Mapping
 
 from moebench import hardware, provenance
 from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
-                                        failing, machine_phrase, one_line, recorded_changes)
+                                        failing, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.metrics import Metric
-from moebench.report import fmt_pct
+from moebench.report import fmt_changes, fmt_pct, machine_phrase, one_line
 from moebench.results import CaseDoc, MetricDoc, ResultsDoc, Row, entries_by_family
 
 
@@ -132,7 +132,7 @@ class RunState:
         ran = dict(recorded() if recorded else {})
         entry = self.baselines.entry(family, key)
         why = [explain(comps, first.metrics) if explain and verdict not in (Verdict.PASS, Verdict.NEW) else "",
-               recorded_changes(entry.recorded, ran) if entry else ""]
+               fmt_changes(recorded_changes(entry.recorded, ran)) if entry else ""]
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
                             primary, remeasured_from, note, group, "; ".join(w for w in why if w), ran,
                             independent_runs)

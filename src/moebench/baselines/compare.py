@@ -187,38 +187,12 @@ def failing(verdict: Verdict, *, strict: bool) -> bool:
     return strict and verdict in (Verdict.NEW, Verdict.STALE)
 
 
-def one_line(case_key: str, metric: str, c: Comparison, unit: str = "") -> str:
-    """The single line a regressed test fails with: case, metric, value, baseline, delta, tolerance, noise."""
-    from moebench.report import fmt_pct, fmt_value  # here, not above: the report layer imports this module
-
-    delta = c.delta_pct
-    parts = [
-        f"{c.verdict.value} {case_key} {metric}: {fmt_value(c.value, unit)}",
-        f"baseline {fmt_value(c.baseline, unit)}" if c.baseline is not None else "no baseline",
-        f"delta {fmt_pct(delta, signed=True)}" if delta is not None else "",
-        f"tolerance {fmt_pct(100 * c.rel_tol)}" if c.rel_tol is not None else "",
-        f"noise {fmt_pct(100 * c.noise)}" if c.noise is not None else "",
-        machine_phrase(c),
-    ]
-    return ", ".join(p for p in parts if p)
-
-
-def machine_phrase(c: Comparison) -> str:
-    """What the verdict line says when the baseline came from another machine of the kind ("" otherwise)."""
-    if not c.other_machine:
-        return ""
-    if c.machine_spread is not None:
-        return f"baseline from another machine of this kind (spread between machines {100 * c.machine_spread:.2g}%)"
-    return (f"baseline from another machine of this kind (spread between machines not recorded: "
-            f"{100 * UNKNOWN_MACHINE_SPREAD:.2g}% assumed)")
-
-
-def recorded_changes(before: Mapping[str, object], now: Mapping[str, object]) -> str:
-    """What ran differently from the recording, one phrase ("attention: FLASH_ATTN_MLA -> TRITON_MLA"), or
-    "" when nothing that both sides name changed. Lists compare as their ", "-joined text."""
+def recorded_changes(before: Mapping[str, object], now: Mapping[str, object]) -> list[tuple[str, str, str]]:
+    """What ran differently from the recording: (field, recorded, now) for every field both sides name
+    whose text differs, sorted by field (report.fmt_changes makes the phrase). Lists compare as their
+    ", "-joined text."""
     def text(v: object) -> str:
         return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
 
-    parts = [f"{k}: {text(before[k])} -> {text(now[k])}" for k in sorted(set(before) & set(now))
-             if text(before[k]) != text(now[k])]
-    return "; ".join(parts)
+    return [(k, text(before[k]), text(now[k])) for k in sorted(set(before) & set(now))
+            if text(before[k]) != text(now[k])]

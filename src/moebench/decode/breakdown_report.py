@@ -1,7 +1,8 @@
 """The decode step breakdown as a table: per category ms/step, share, baseline, delta and % of floor.
 
 Reads cases as the results document holds them (moebench.results.CaseDoc), so the terminal summary, the
-markdown summary and `moebench report` render the same table from the same data.
+markdown summary and `moebench report` render the same table from the same data. breakdown_tables is
+the decode family's renderer, registered in moebench.family_tables.RENDERERS.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from typing import Iterable
 
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
-from moebench.report import fmt_fixed, fmt_pct
+from moebench.report import Table, fmt_fixed, fmt_pct
 from moebench.results import CaseDoc
 
 HEADER = ["category", "ms/step", "share", "baseline", "delta", "% of floor"]
 
 
-def breakdown_tables(cases: Iterable[CaseDoc]) -> list[tuple[str, list[list[str]]]]:
-    """(title, rows) for every case that carries a breakdown (info.breakdown), in the given order."""
+def breakdown_tables(cases: Iterable[CaseDoc]) -> list[Table]:
+    """A table for every case that carries a breakdown (info.breakdown), in the given order."""
     out = []
     for case in cases:
         bd = case.info.get("breakdown")
@@ -42,5 +43,5 @@ def breakdown_tables(cases: Iterable[CaseDoc]) -> list[tuple[str, list[list[str]
         rows.append(["host gap (step - GPU busy)", fmt_fixed(value(f"{PREFIX}host_gap_ms")), "", "", "", ""])
         title = (f"decode step breakdown: {case.key} ({bd.get('steps')} profiled steps, {bd.get('source')}; "
                  f"steady {fmt_fixed(value('ms_per_token'))} ms/token)")
-        out.append((title, rows))
+        out.append(Table(title, HEADER, rows))
     return out

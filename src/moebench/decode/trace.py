@@ -23,6 +23,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moebench.results import ResultsError, read_json
+
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")
 DECODE_STEP = re.compile(r"^execute_context_0\(0\)_generation_([1-9]\d*)\(\d+\)$")
@@ -60,8 +62,6 @@ class Steps:
 
 def load_events(path: Path | str) -> list[dict]:
     """The trace's event list. Raises TraceError naming the file when it is not a Chrome trace."""
-    from moebench.results import ResultsError, read_json
-
     try:
         doc = read_json(path)
     except ResultsError as e:

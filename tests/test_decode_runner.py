@@ -1,0 +1,90 @@
+"""decode/runner.run_case with the engine replaced by a fake timeline: what the runner hands on from the
+scenario (category tolerances, the memory floor to the plausibility check) and the floor it computes (the
+KV cache at the trial's mean context). No engine, no process: run_engine returns the EngineRun."""
+
+from __future__ import annotations
+
+import pytest
+
+from moebench.decode import runner
+from moebench.decode.breakdown import Breakdown
+from moebench.decode.categories import CATEGORIES
+from moebench.decode.runner import EngineRun, floor_metrics, run_case
+from moebench.decode.scenarios import DecodeCase, parse_scenario
+from moebench.decode.stats import Trial
+from moebench.metrics import Metric
+
+# The shipped tiny config (models/tiny): 2 layers, kv_lora_rank 512, qk_rope_head_dim 64, bf16.
+TINY_KV_BYTES_PER_TOKEN = 2 * (512 + 64) * 2
+
+
+class FakeBench:
+    """The `moebench` fixture as run_case uses it: record() measures once and keeps what it got."""
+
+    hardware_key = "cpu-test-2c"
+
+    def __init__(self, read_bytes_per_s: float = 1e12):
+        self.read_bytes_per_s = read_bytes_per_s
+        self.metrics: dict[str, Metric] = {}
+
+    def progress(self, message: str) -> None:
+        pass
+
+    def ceiling(self, device: str, kind: str) -> float:
+        return self.read_bytes_per_s
+
+    def record(self, key, family, definition, measure, **kw) -> None:
+        self.metrics = measure()
+
+
+def _case(**kw) -> DecodeCase:
+    base = {"name": "x", "engine": "vllm", "model": "tiny", "moe_backend": "triton", "device": "cpu"}
+    return DecodeCase(parse_scenario(base | kw, "f.toml"), "vllm")
+
+
+def _run(case: DecodeCase, monkeypatch, tmp_path, bench: FakeBench, ms_per_token: float = 2.0) -> FakeBench:
+    """run_case on a fake engine: every trial 16 ms to the first token, then ms_per_token per token; with
+    profile_steps a breakdown of 1 ms/step in each category."""
+    s = case.scenario
+    n = s.output_tokens
+    trials = [Trial(i < s.warmup_trials, [(0.016 + i * ms_per_token / 1e3, 1) for i in range(n)], [])
+              for i in range(s.warmup_trials + s.trials)]
+    bd = None
+    if s.profile_steps:
+        bd = Breakdown(4, "annotations", {c: [1.0, 1.01, 0.99, 1.0] for c in CATEGORIES}, [8.0] * 4)
+    run = EngineRun(trials, 1.0, None, {}, {"moe": ["TRITON (Unquantized MoE)"], "attention": [], "lines": []},
+                    [], bd)
+    monkeypatch.setattr(runner, "why_not_here", lambda case, key: None)
+    monkeypatch.setattr(runner, "run_engine", lambda case, log, say: run)
+    run_case(case, bench, tmp_path)
+    return bench
+
+
+def test_the_scenarios_per_category_tolerances_reach_the_gated_metrics(monkeypatch, tmp_path):
+    case = _case(gate_categories=["attention", "routed_experts"], profile_steps=8,
+                 rel_tol_category=0.05, rel_tol_categories={"attention": 0.25})
+    m = _run(case, monkeypatch, tmp_path, FakeBench()).metrics
+    assert m["step_attention_ms"].gated and m["step_attention_ms"].rel_tol == 0.25
+    assert m["step_routed_experts_ms"].gated and m["step_routed_experts_ms"].rel_tol == 0.05
+
+
+def test_a_steady_state_under_the_memory_floor_fails_the_case(monkeypatch, tmp_path):
+    case = _case()
+    # fast enough to read the tiny model's weights in far less than 2 ms: plausible
+    ok = _run(case, monkeypatch, tmp_path, FakeBench(1e12))
+    assert ok.metrics["floor_ms_per_token"].value < 2.0
+    # a read ceiling of 1 MB/s puts the floor at seconds per token: 2 ms/token cannot be true
+    with pytest.raises(pytest.fail.Exception, match="below the memory floor"):
+        _run(case, monkeypatch, tmp_path, FakeBench(1e6))
+
+
+def test_the_kv_cache_counts_at_the_trials_mean_context():
+    # decode step i of a trial reads the prompt and the i tokens made before it: on average the prompt
+    # and half the output
+    case = _case(prompt_tokens=64, output_tokens=128)
+    info: dict = {}
+    metrics = {"ms_per_token": Metric(2.0, "ms", "lower"), "step_attention_ms": Metric(0.5, "ms", "lower")}
+    out = floor_metrics(case, metrics, lambda device, kind: 1e9, info)
+    kv = TINY_KV_BYTES_PER_TOKEN * (64 + 128 / 2)
+    assert info["floor"]["kv_cache_mean"] == kv
+    assert out["pct_of_floor_attention"].value == pytest.approx(100 * (kv / 1e9 * 1e3) / 0.5)
