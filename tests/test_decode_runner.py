@@ -10,7 +10,7 @@ from moebench.decode import runner
 from moebench.decode.breakdown import Breakdown
 from moebench.decode.categories import CATEGORIES
 from moebench.decode.runner import EngineRun, floor_metrics, run_case
-from moebench.decode.scenarios import DecodeCase, parse_scenario
+from moebench.decode.scenarios import DecodeCase, ScenarioError, parse_scenario
 from moebench.decode.stats import Trial
 from moebench.metrics import Metric
 
@@ -66,6 +66,30 @@ def test_the_scenarios_per_category_tolerances_reach_the_gated_metrics(monkeypat
     m = _run(case, monkeypatch, tmp_path, FakeBench()).metrics
     assert m["step_attention_ms"].gated and m["step_attention_ms"].rel_tol == 0.25
     assert m["step_routed_experts_ms"].gated and m["step_routed_experts_ms"].rel_tol == 0.05
+
+
+def test_the_scenarios_cliff_metrics_gate_only_on_a_doubling(monkeypatch, tmp_path):
+    m = _run(_case(cliff_metrics=["ttft_ms"]), monkeypatch, tmp_path, FakeBench()).metrics
+    assert m["ttft_ms"].cliff and m["ttft_ms"].gated and not m["ms_per_token"].cliff
+    assert not _run(_case(), monkeypatch, tmp_path, FakeBench()).metrics["ttft_ms"].cliff
+
+
+@pytest.mark.parametrize("bad", [["itl_p99_ms"], "ttft_ms"])
+def test_a_cliff_metric_must_be_a_gated_decode_metric(bad):
+    with pytest.raises(ScenarioError, match="scenario 'x': cliff_metrics: must"):
+        _case(cliff_metrics=bad)
+
+
+def test_the_engine_instances_are_the_cases_independent_runs(monkeypatch, tmp_path):
+    seen = {}
+
+    class Keeps(FakeBench):
+        def record(self, key, family, definition, measure, **kw):
+            seen.update(kw)
+            super().record(key, family, definition, measure, **kw)
+
+    _run(_case(engine_instances=3), monkeypatch, tmp_path, Keeps())
+    assert seen["independent_runs"] == 3
 
 
 def test_a_steady_state_under_the_memory_floor_fails_the_case(monkeypatch, tmp_path):
