@@ -72,13 +72,15 @@ class RunState:
         self._ceilings: dict[str, float] = {}
 
     # --- comparing -----------------------------------------------------------------------------
-    def env_mismatch(self, family: str) -> tuple[bool, str]:
-        """A family file recorded on other hardware than this (possible only with --hardware-key)."""
-        return hardware.same_hardware(self.baselines.fingerprint(family), self.fingerprint) if self.key_forced else (True, "")
+    def env_mismatch(self, family: str, key: str) -> tuple[bool, str]:
+        """A stored entry recorded on other hardware than this (possible only with --hardware-key)."""
+        if not self.key_forced:
+            return True, ""
+        return hardware.same_hardware(self.baselines.fingerprint(family, key), self.fingerprint)
 
     def compare(self, family: str, key: str, def_hash: str, m: Measurement) -> tuple[dict[str, Comparison], Verdict, str]:
         """Compare every gated metric of a measurement with the stored entry."""
-        same, why = self.env_mismatch(family)
+        same, why = self.env_mismatch(family, key)
         entry = self.baselines.entry(family, key)
         note = ""
         if entry is None:
