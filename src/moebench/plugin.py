@@ -94,6 +94,7 @@ def pytest_sessionstart(session: pytest.Session):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.add_cleanup(interrupts.sigterm_as_interrupt())  # first: a SIGTERM while starting ends as Ctrl-C does
     if problem := compat.installed_problem():  # before every case errors at setup over it
         raise pytest.UsageError(problem)
     try:
@@ -330,7 +331,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             _write_baselines(session, state, lines, interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
         _write_reports(session, state, lines)
     if ctrl_c.received:
-        lines.append("moebench: interrupted while writing files: held until the files above were written in full")
+        lines.append(ctrl_c.interrupted_line("the files above were written in full"))
         session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 
