@@ -104,7 +104,7 @@ def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
     assert merged["entries"]["fake[a]"]["fingerprint"] == fingerprint_id(new_fp)
     assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[a]") == new_fp
     assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[b]") == valid_doc["fingerprint"]
-    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)"]
+    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)", "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
     # Outside the updated entry only the header's "updated" line and the new "fingerprints" table moved.
     outside = [l for l in after.splitlines(keepends=True) if l not in new_blocks["fake[a]"]]
     outside_before = [l for l in before.splitlines(keepends=True) if l not in old_blocks["fake[a]"]]

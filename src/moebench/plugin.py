@@ -23,6 +23,7 @@ from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.results import Row
 from moebench.session import CaseResult, RunState
+from moebench.unmeasured import StrictCoverage
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
@@ -158,6 +159,8 @@ def _configure(config: pytest.Config) -> None:
     config.stash[_UPDATE_LINES] = []
     config.stash[_WARNINGS] = warnings
     config.pluginmanager.register(_TestOutcomes(config.stash[STATE]), "moebench-outcomes")
+    if strict and not update:  # stored entries the run selected but did not measure fail it
+        config.pluginmanager.register(StrictCoverage(config.stash[STATE]), "moebench-strict-coverage")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:

@@ -239,7 +239,8 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
         entry = _with_machine(out, json.loads(json.dumps(entry)), fingerprint)
         old = out["entries"].get(key)
         if old is not None:
-            changes.extend(_entry_changes(key, old, entry, out.get("fingerprints", {})))
+            now_on = out.get("fingerprints", {}).get(entry.get("fingerprint", ""), {})
+            changes.extend(_entry_changes(key, old, entry, entry_fingerprint(out, old), now_on))
         else:
             summary = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(entry["metrics"].items()))
             changes.append(f"  + {key} ({summary})")
@@ -271,8 +272,9 @@ def _keep_named_fingerprints(doc: dict) -> None:
         doc.pop("fingerprints", None)
 
 
-def _entry_changes(key: str, old: dict, entry: dict, machines: Mapping[str, dict]) -> list[str]:
-    """Change lines for a stored entry rewritten by `entry`, whose metrics take the stored rel_tol."""
+def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[str]:
+    """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`), whose
+    metrics take the stored rel_tol."""
     changes: list[str] = []
     stored = old.get("metrics", {})
     for name, m in sorted(entry["metrics"].items()):
@@ -290,7 +292,6 @@ def _entry_changes(key: str, old: dict, entry: dict, machines: Mapping[str, dict
         changes.append(f"  - {key} {name}: not measured by this run, dropped from the entry")
     if old.get("definition_hash") != entry["definition_hash"]:
         changes.append(f"  ~ {key}: case definition changed (was STALE)")
-    was, now = machines.get(old.get("fingerprint", "")), machines.get(entry.get("fingerprint", ""))
     if was and now and machine_name(was) != machine_name(now):
         changes.append(f"  ~ {key}: recorded on {machine_name(now)} now (was {machine_name(was)})")
     return changes
