@@ -7,8 +7,10 @@ reviewer as loosening the gate.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,3 +163,21 @@ def test_other_hardware_update_touches_only_the_selected_entry_and_no_header(fak
     out = capsys.readouterr().out
     assert "  recorded on 1 x NVIDIA H200, driver 580.159.04; torch 2.11.0 (2 entries)" in out
     assert f"  recorded on CPU {fp['cpu']['model']}" in out and "(1 entry)" in out
+
+
+def test_the_review_workflow_runs_readmes_check_with_the_standard_library_alone(tmp_path):
+    # The reviewer's check: what README tells a reviewer to run is what CI runs on a pull request, and it
+    # runs on a bare Python (-S: no site-packages), as the GitHub-hosted runner has no install.
+    yaml = pytest.importorskip("yaml", reason="PyYAML is not installed")
+    workflow = yaml.safe_load((REPO / ".github" / "workflows" / "baselines-review.yml").read_text())
+    [step] = [s for s in workflow["jobs"]["diff"]["steps"] if "run" in s]
+    command = "moebench baselines diff origin/main:baselines baselines --exit-code"
+    assert command in (REPO / "README.md").read_text()
+    assert step["run"] == ('PYTHONPATH=src python3 -m moebench.cli baselines diff "origin/$BASE:baselines" '
+                           "baselines --exit-code")
+    if subprocess.run(["git", "cat-file", "-e", f"HEAD:{SELFCHECK}"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("not a git checkout with the committed baselines")
+    r = subprocess.run([sys.executable, "-S", "-m", "moebench.cli", "baselines", "diff", "HEAD:baselines",
+                        "HEAD:baselines", "--exit-code"], cwd=REPO, env={**os.environ, "PYTHONPATH": "src"},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "0 changes loosen the gate" in r.stdout, r.stdout + r.stderr
