@@ -1,13 +1,17 @@
 """Guards around baseline writes, end to end over the fake project (tests/conftest.py): hardware keys that
 are not slugs, writes under another machine's key, conflicting options, a missing baseline folder, a
-write that fails at the end (a non-zero exit), and Ctrl-C and SIGTERM in every phase of a run. Each case
-checks what a user sees: exit code, one line, no traceback.
+write that fails at the end (a non-zero exit), Ctrl-C and SIGTERM in every phase of a run, and a write
+killed by SIGKILL. Each case checks what a user sees: exit code, one line, no traceback, no file left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,7 @@ from moebench import hardware
 from moebench.baselines.store import load_file
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
+REPO = Path(__file__).resolve().parents[1]
 # What the fake project's subprocess detects: it sees no GPUs (CUDA_VISIBLE_DEVICES is empty), so a CPU key.
 HERE = hardware.hardware_key({**hardware.fingerprint(), "gpus": []})
 
@@ -200,3 +205,43 @@ def test_ctrl_c_and_sigterm_give_one_line_and_lose_nothing(fakebench, sig, phase
         assert os.listdir(gemm.parent) == ["gemm.json"]
     assert [c["key"] for c in json.loads(results.read_text())["cases"]] == \
         (["fake[a]"] if phase == "measuring" else ["fake[a]", "fake[b]"])
+
+
+# --- SIGKILL: nothing can be held back ----------------------------------------------------------------------
+
+def test_a_write_killed_by_sigkill_leaves_what_the_next_write_names_and_removes(fakebench):
+    # Killed as gemm.json is put in place: the temporary file is written and the lock held, and neither
+    # a handler nor a `finally` runs. What it leaves used to sit beside the baselines until committed.
+    fakebench.write_baseline({"a": 100.0})
+    before = fakebench.family_file().read_bytes()
+    fakebench.pytester.makeconftest(SIGNAL_CONFTEST)
+    killed = fakebench.run("--baseline-update",
+                           env={"MOEBENCH_TEST_PHASE": "baselines", "MOEBENCH_TEST_SIGNAL": "SIGKILL"})
+    assert killed.ret == -signal.SIGKILL
+    folder = fakebench.family_file().parent
+    left = sorted(os.listdir(folder))
+    assert fakebench.family_file().read_bytes() == before, "the old file stays whole"
+    tmp = [n for n in left if n.startswith(".gemm.json.") and n.endswith(".tmp")]
+    assert left == sorted([".gemm.json.lock", "gemm.json", *tmp]) and len(tmp) == 1, left
+    pid, host = (folder / ".gemm.json.lock").read_text().split()  # the lock says whose it was
+    assert int(pid) > 0 and host == socket.gethostname()
+
+    # The next update is not blocked; it names both leftovers, removes them and writes.
+    again = fakebench.run("--baseline-update")
+    assert again.ret == pytest.ExitCode.OK, again.stdout.str()
+    lock_line = (f"moebench: {folder / '.gemm.json.lock'}: stale lock of pid {pid} on host {host}, a run killed "
+                 "while writing; taken over")
+    assert lock_line in again.outlines, again.stdout.str()
+    tmp_line = f"moebench: {folder / tmp[0]}: removed, the half-written file of a run killed while writing"
+    assert tmp_line in again.outlines
+    assert os.listdir(folder) == ["gemm.json"], "after a clean exit nothing sits beside the baselines"
+    assert sorted(load_file(fakebench.family_file())["entries"]) == ["fake[a]", "fake[b]"]
+
+
+@pytest.mark.parametrize("name", [".gemm.json.lock", ".decode.json.k2x9_q1.tmp"])
+def test_git_ignores_what_a_killed_write_leaves(name):
+    # `git add baselines/` after a killed run used to commit the lock and the temporary file.
+    r = subprocess.run(["git", "check-ignore", "-q", f"baselines/nvidia-h200-x1/{name}"], cwd=REPO)
+    if r.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert r.returncode == 0, f"{name} is not in .gitignore"

@@ -104,7 +104,8 @@ def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
     assert merged["entries"]["fake[a]"]["fingerprint"] == fingerprint_id(new_fp)
     assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[a]") == new_fp
     assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[b]") == valid_doc["fingerprint"]
-    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)", "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
+    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)",
+                       "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
     # Outside the updated entry only the header's "updated" line and the new "fingerprints" table moved.
     outside = [l for l in after.splitlines(keepends=True) if l not in new_blocks["fake[a]"]]
     outside_before = [l for l in before.splitlines(keepends=True) if l not in old_blocks["fake[a]"]]
@@ -395,7 +396,7 @@ def test_an_update_waits_for_the_lock_and_merges_what_the_holder_wrote(tmp_path)
 def test_a_lock_held_too_long_is_one_line_not_an_endless_wait(tmp_path):
     path = tmp_path / "hw" / "gemm.json"
     with locked(path):
-        holder = f"pid {os.getpid()} on host {socket.gethostname()}"  # the lock names who holds it
-        with pytest.raises(BaselineError, match=rf"\.gemm\.json\.lock: {re.escape(holder)} has held this lock too long"):
+        holder = re.escape(f"pid {os.getpid()} on host {socket.gethostname()}")  # the lock names who holds it
+        with pytest.raises(BaselineError, match=rf"\.gemm\.json\.lock: {holder} has held this lock too long"):
             with locked(path, timeout_s=0):
                 pass

@@ -29,15 +29,9 @@ model = "tiny"
 model_label = "tiny-{name}"
 device = "cpu"
 moe_backend = "auto"
-cuda_graphs = false
-prompt_tokens = 8
-output_tokens = 6
-trials = 2
-warmup_trials = 1
 tiny = {tiny}
 only_on = ["somewhere-else-x1"]
 """
-
 
 def _entry(value: float) -> dict:
     return {"definition_hash": "0123456789abcdef",

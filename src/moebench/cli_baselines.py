@@ -138,11 +138,12 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
             print(f"~ {where}: " + "; ".join(_describe(c) for c in cs))
         counts[whole or ("changed" if cs else "unchanged")] += 1
     looser = loosening(changes)
+    n = f"{len(looser)} change{'s' if len(looser) != 1 else ''}"
     print(f"{counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, {counts['unchanged']} "
-          f"unchanged; {len(looser)} change{'s' if len(looser) != 1 else ''} loosen{'s' if len(looser) == 1 else ''} the gate")
+          f"unchanged; {n} {'loosens' if len(looser) == 1 else 'loosen'} the gate")
     if looser:
-        print(f"moebench baselines diff: {len(looser)} change{'s' if len(looser) != 1 else ''} marked [LOOSER] let a "
-              "slower measurement pass: each needs a reviewer's reason")
+        print(f"moebench baselines diff: {n} marked [LOOSER] let a slower measurement pass: each needs a reviewer's "
+              "reason")
     return EXIT_FOUND if args.exit_code and looser else EXIT_OK
 
 
