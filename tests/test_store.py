@@ -98,12 +98,10 @@ def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
     assert merged["created"] == valid_doc["created"] and merged["updated"] == NOW
     # The entry names the machine it was measured on; the header's fingerprint, which describes the
     # entries naming none (fake[b]), is left as it was.
-    new_fp = {"cpu": {"model": "new"}}
-    assert merged["fingerprint"] == valid_doc["fingerprint"]
-    assert merged["fingerprints"] == {fingerprint_id(new_fp): new_fp}
-    assert merged["entries"]["fake[a]"]["fingerprint"] == fingerprint_id(new_fp)
-    assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[a]") == new_fp
-    assert BaselineSet(Path("."), HW, {"gemm": merged}).fingerprint("gemm", "fake[b]") == valid_doc["fingerprint"]
+    new_fp, bs = {"cpu": {"model": "new"}}, BaselineSet(Path("."), HW, {"gemm": merged})
+    assert merged["fingerprint"] == valid_doc["fingerprint"] == bs.fingerprint("gemm", "fake[b]")
+    assert merged["fingerprints"] == {merged["entries"]["fake[a]"]["fingerprint"]: new_fp}
+    assert bs.fingerprint("gemm", "fake[a]") == new_fp and fingerprint_id(new_fp) in merged["fingerprints"]
     assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)",
                        "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
     # Outside the updated entry only the header's "updated" line and the new "fingerprints" table moved.
