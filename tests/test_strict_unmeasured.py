@@ -18,6 +18,7 @@ from moebench.unmeasured import gone
 
 REPO = Path(__file__).resolve().parents[1]
 HW = "test-hw-x1"
+H200 = '"fingerprint": {"gpus": [{"name": "NVIDIA H200"}]}'
 
 # "skipped": a CPU scenario that a new `only_on` line moved off this machine (selected by -m tiny, skips);
 # "narrower": not `tiny`, so `-m "decode and tiny"` does not select it. Neither starts an engine here.
@@ -80,6 +81,14 @@ def test_strict_fails_a_stored_case_that_skipped_or_no_longer_exists_and_only_th
     assert keys["narrower"] not in out, "an entry of a case -m did not select is not this run's to gate"
     rows = json.loads((tmp_path / "r.json").read_text())["not_measured"]
     assert {r["key"]: r["verdict"] for r in rows if r["verdict"] == "MISSING"} == {keys["removed"]: "MISSING"}
+
+    # Entries recorded on an H200, run here under its key: the skipped case would never have been compared
+    # (ENV_MISMATCH), so only the case that no longer exists fails.
+    (tmp_path / "b" / HW / "decode.json").write_text(where.read_text().replace('"fingerprint": {}', H200))
+    elsewhere = _run(tmp_path, toml, "--baseline-strict")
+    out = elsewhere.stdout + elsewhere.stderr
+    assert elsewhere.returncode == 1 and f"MISSING {keys['removed']}" in out, out
+    assert "did not run" not in out, out
 
 
 def test_gone_names_only_entries_of_declared_families_without_their_case():

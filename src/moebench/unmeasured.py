@@ -60,9 +60,10 @@ class StrictCoverage:
         self.lines: list[str] = []
 
     def _stored_in(self, key: str | None) -> str:
-        """The file holding this hardware's entry for `key`, or ""."""
+        """The file holding this hardware's entry for `key`, or "". An entry recorded on other hardware than
+        this (a forced --hardware-key) would not have been compared here: its skip is no failure."""
         for family, doc in self.state.baselines.docs.items():
-            if key is not None and key in doc["entries"]:
+            if key is not None and key in doc["entries"] and self.state.env_mismatch(family, key)[0]:
                 return str(family_path(self.state.baseline_dir, self.state.hardware_key, family))
         return ""
 
