@@ -4,7 +4,8 @@ case dropped from its family read MISSING in `moebench compare`, both with exit 
 
 What counts, for an entry of this hardware key:
 - its case was selected and skipped (an `only_on` that leaves this machine out, a missing package, too
-  few GPUs): that test fails instead of skipping, with one line naming the entry;
+  few GPUs): that test fails instead of skipping, with one line naming the entry (unless the entry was
+  recorded on other hardware, which a forced --hardware-key never compares);
 - its family was collected but has no case of that key any more (a scenario removed, an axis renamed):
   a MISSING row, a line naming it, and a failed run. A family says which keys it has (declare_cases),
   all of them, whatever -m, -k or node ids select, so a narrower selection does not make them "gone";
