@@ -8,6 +8,7 @@ cases read their results. `full` holds the bulk of the axes' product (see cases.
 import pytest
 
 from moebench.allreduce.cases import AllreduceCase, all_cases, in_default_selection
+from moebench.unmeasured import declare_cases
 
 pytestmark = pytest.mark.allreduce
 
@@ -22,6 +23,10 @@ def _param(case: AllreduceCase):
 
 
 CASES = [_param(c) for c in all_cases()]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    declare_cases(metafunc.config, "allreduce", (c.key for c in all_cases()))  # every case, selected or not
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ import pytest
 from moebench.decode.options import DEFAULT_SCENARIOS, apply_overrides, overrides_from
 from moebench.decode.runner import run_case
 from moebench.decode.scenarios import ScenarioError, cases_of, load_scenarios
+from moebench.unmeasured import declare_cases
 
 
 def _cases(config: pytest.Config):
@@ -28,8 +29,10 @@ def _cases(config: pytest.Config):
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "decode_case" in metafunc.fixturenames:
+        cases = _cases(metafunc.config)
+        declare_cases(metafunc.config, "decode", (c.key for c in cases))
         params = [pytest.param(c, id=c.id, marks=[getattr(pytest.mark, name)(*args) for name, args in c.markers()])
-                  for c in _cases(metafunc.config)]
+                  for c in cases]
         metafunc.parametrize("decode_case", params)
 
 

@@ -14,6 +14,7 @@ import pytest
 from moebench.gemm.backends import BACKENDS
 from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
 from moebench.plugin import marker_names_in
+from moebench.unmeasured import declare_cases
 
 pytestmark = pytest.mark.gemm
 
@@ -35,7 +36,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     # The full product is ~10^4 cases: generated only when -m asks for `full`, so that collecting the
     # default selection stays fast.
     full = "full" in marker_names_in(metafunc.config.getoption("markexpr", default="") or "")
-    cases = [c for c in ALL_CASES if BACKENDS[c.backend].supports(c) and (full or is_default(c))]
+    supported = [c for c in ALL_CASES if BACKENDS[c.backend].supports(c)]
+    declare_cases(metafunc.config, "gemm", (c.key for c in supported))  # all of them, also those not generated
+    cases = [c for c in supported if full or is_default(c)]
     metafunc.parametrize("case", [pytest.param(c, id=c.id, marks=_marks(c)) for c in cases])
 
 

@@ -1,13 +1,17 @@
 """Guards around baseline writes, end to end over the fake project (tests/conftest.py): hardware keys that
 are not slugs, writes under another machine's key, conflicting options, a missing baseline folder, a
-write that fails at the end (a non-zero exit), and Ctrl-C in every phase of a run. Each case checks what
-a user sees: exit code, one line, no traceback.
+write that fails at the end (a non-zero exit), Ctrl-C and SIGTERM in every phase of a run, and a write
+killed by SIGKILL. Each case checks what a user sees: exit code, one line, no traceback, no file left.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,7 @@ from moebench import hardware
 from moebench.baselines.store import load_file
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
+REPO = Path(__file__).resolve().parents[1]
 # What the fake project's subprocess detects: it sees no GPUs (CUDA_VISIBLE_DEVICES is empty), so a CPU key.
 HERE = hardware.hardware_key({**hardware.fingerprint(), "gpus": []})
 
@@ -125,19 +130,22 @@ def test_a_baseline_write_that_fails_exits_non_zero_with_one_line(fakebench):
     assert os.listdir(fakebench.family_file().parent) == ["gemm.json"], "a temporary file was left behind"
 
 
-# --- Ctrl-C in every phase -------------------------------------------------------------------------------
+# --- Ctrl-C and SIGTERM in every phase ---------------------------------------------------------------------
 
-# The fake project's conftest sends this process a real SIGINT (what Ctrl-C does) at the phase named in
-# MOEBENCH_TEST_SIGINT: while starting (reading the machine's fingerprint) or as a baseline or report file
-# is put in place. Measuring is interrupted by the fake case itself (control "interrupt").
-SIGINT_CONFTEST = '''
+# The fake project's conftest sends this process a real signal, MOEBENCH_TEST_SIGNAL (SIGINT: what Ctrl-C
+# does; SIGTERM: what CI cancellation, `timeout` and docker send), at the phase named in
+# MOEBENCH_TEST_PHASE: while starting (reading the machine's fingerprint), as the second case starts to
+# measure, or as a baseline or report file is put in place.
+SIGNAL_CONFTEST = '''
 import os
 import signal
 
 import moebench.hardware
 
-PHASE = os.environ.get("MOEBENCH_TEST_SIGINT")
-_fingerprint, _replace = moebench.hardware.fingerprint, os.replace
+PHASE = os.environ.get("MOEBENCH_TEST_PHASE")
+SIGNAL = getattr(signal, os.environ.get("MOEBENCH_TEST_SIGNAL", "SIGINT"))
+_fingerprint, _clock_monitor, _replace = moebench.hardware.fingerprint, moebench.hardware.clock_monitor, os.replace
+_measured = []
 # Python's own Ctrl-C handler, as in a terminal: a run started in the background of a non-interactive
 # shell inherits SIGINT ignored, and the signal below would then do nothing.
 signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -145,44 +153,95 @@ signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def fingerprint():
     if PHASE == "starting":
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), SIGNAL)
     return _fingerprint()
+
+
+def clock_monitor(*args, **kw):
+    _measured.append(1)
+    if PHASE == "measuring" and len(_measured) == 2:
+        os.kill(os.getpid(), SIGNAL)
+    return _clock_monitor(*args, **kw)
 
 
 def replace(src, dst, **kw):
     if (PHASE, os.path.basename(dst)) in {("baselines", "gemm.json"), ("reports", "results.json")}:
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), SIGNAL)
     return _replace(src, dst, **kw)
 
 
-moebench.hardware.fingerprint, os.replace = fingerprint, replace
+moebench.hardware.fingerprint, moebench.hardware.clock_monitor, os.replace = fingerprint, clock_monitor, replace
 '''
+
+HELD = "while writing files: held until the files above were written in full"
 
 
 @pytest.mark.parametrize("phase, expect", [
     ("starting", "moebench: interrupted while starting: nothing was measured or written"),
     ("measuring", "moebench: run interrupted: baselines NOT written"),
-    ("baselines", "moebench: interrupted while writing files: held until the files above were written in full"),
-    ("reports", "moebench: interrupted while writing files: held until the files above were written in full"),
+    ("baselines", "moebench: interrupted{by} " + HELD),
+    ("reports", "moebench: interrupted{by} " + HELD),
 ], ids=["starting", "measuring", "baselines", "reports"])
-def test_ctrl_c_gives_one_line_and_loses_nothing(fakebench, phase, expect):
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_and_sigterm_give_one_line_and_lose_nothing(fakebench, sig, phase, expect):
     # Ctrl-C while the baselines were written used to end in a 95-line traceback; while starting, in
-    # no output at all.
-    fakebench.pytester.makeconftest(SIGINT_CONFTEST)
-    if phase == "measuring":
-        fakebench.control["interrupt"] = ["fake[b]"]
+    # no output at all. SIGTERM ended the run at once in every phase (exit -15, no line), and during the
+    # write left .gemm.json.<random>.tmp and .gemm.json.lock beside the baselines.
+    fakebench.pytester.makeconftest(SIGNAL_CONFTEST)
     results = fakebench.path / "results.json"
-    result = fakebench.run("--baseline-update", "--results-json", str(results), env={"MOEBENCH_TEST_SIGINT": phase})
-    _one_line(result, pytest.ExitCode.INTERRUPTED, expect)
+    result = fakebench.run("--baseline-update", "--results-json", str(results),
+                           env={"MOEBENCH_TEST_PHASE": phase, "MOEBENCH_TEST_SIGNAL": sig})
+    _one_line(result, pytest.ExitCode.INTERRUPTED, expect.format(by="" if sig == "SIGINT" else f" by {sig}"))
     assert len([line for line in result.outlines + result.errlines if "interrupted" in line]) == 1
     gemm = fakebench.family_file()
     if phase == "starting":
         assert fakebench.calls() == {} and not gemm.exists() and not results.exists()
         return
-    # Whatever was written is whole: an interrupted measurement writes no baseline, a held write all of them.
+    # Whatever was written is whole: an interrupted measurement writes no baseline, a held write all of
+    # them, and nothing is left beside them.
     assert gemm.exists() == (phase != "measuring")
     if gemm.exists():
         assert sorted(load_file(gemm, hardware_key=HW, family="gemm")["entries"]) == ["fake[a]", "fake[b]"]
         assert os.listdir(gemm.parent) == ["gemm.json"]
     assert [c["key"] for c in json.loads(results.read_text())["cases"]] == \
         (["fake[a]"] if phase == "measuring" else ["fake[a]", "fake[b]"])
+
+
+# --- SIGKILL: nothing can be held back ----------------------------------------------------------------------
+
+def test_a_write_killed_by_sigkill_leaves_what_the_next_write_names_and_removes(fakebench):
+    # Killed as gemm.json is put in place: the temporary file is written and the lock held, and neither
+    # a handler nor a `finally` runs. What it leaves used to sit beside the baselines until committed.
+    fakebench.write_baseline({"a": 100.0})
+    before = fakebench.family_file().read_bytes()
+    fakebench.pytester.makeconftest(SIGNAL_CONFTEST)
+    killed = fakebench.run("--baseline-update",
+                           env={"MOEBENCH_TEST_PHASE": "baselines", "MOEBENCH_TEST_SIGNAL": "SIGKILL"})
+    assert killed.ret == -signal.SIGKILL
+    folder = fakebench.family_file().parent
+    left = sorted(os.listdir(folder))
+    assert fakebench.family_file().read_bytes() == before, "the old file stays whole"
+    tmp = [n for n in left if n.startswith(".gemm.json.") and n.endswith(".tmp")]
+    assert left == sorted([".gemm.json.lock", "gemm.json", *tmp]) and len(tmp) == 1, left
+    pid, host = (folder / ".gemm.json.lock").read_text().split()  # the lock says whose it was
+    assert int(pid) > 0 and host == socket.gethostname()
+
+    # The next update is not blocked; it names both leftovers, removes them and writes.
+    again = fakebench.run("--baseline-update")
+    assert again.ret == pytest.ExitCode.OK, again.stdout.str()
+    lock_line = (f"moebench: {folder / '.gemm.json.lock'}: stale lock of pid {pid} on host {host}, a run killed "
+                 "while writing; taken over")
+    assert lock_line in again.outlines, again.stdout.str()
+    tmp_line = f"moebench: {folder / tmp[0]}: removed, the half-written file of a run killed while writing"
+    assert tmp_line in again.outlines
+    assert os.listdir(folder) == ["gemm.json"], "after a clean exit nothing sits beside the baselines"
+    assert sorted(load_file(fakebench.family_file())["entries"]) == ["fake[a]", "fake[b]"]
+
+
+@pytest.mark.parametrize("name", [".gemm.json.lock", ".decode.json.k2x9_q1.tmp"])
+def test_git_ignores_what_a_killed_write_leaves(name):
+    # `git add baselines/` after a killed run used to commit the lock and the temporary file.
+    r = subprocess.run(["git", "check-ignore", "-q", f"baselines/nvidia-h200-x1/{name}"], cwd=REPO)
+    if r.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert r.returncode == 0, f"{name} is not in .gitignore"

@@ -9,15 +9,18 @@ the folder/hardware-key and file-name/family checks are part of what is tested.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
-from moebench.baselines.schema import BaselineError, validate_file
+from moebench.baselines.compare import NOISE_FACTOR
+from moebench.baselines.schema import NOISE_MAX, REL_TOL_MAX, BaselineError, fingerprint_id, validate_file
 from moebench.baselines.store import BaselineSet, dumps, family_path, load_file
 from moebench.metrics import Metric
 
 # The hardware key of conftest.valid_document(). (Not imported: two conftest.py modules share the name.)
 HW = "test-hw-x1"
+REPO = Path(__file__).resolve().parents[1]
 
 A = "entries['fake[a]']"
 B = "entries['fake[b]']"
@@ -97,6 +100,16 @@ MALFORMED = [
     ("family not the file's", _set("decode", "family"), "family"),
     ("entries not an object", _set([], "entries"), "entries"),
     ("fingerprint missing", _del("fingerprint"), "fingerprint"),
+    # Bounds: a tolerance past a doubling, and a noise whose band (2 x noise) would hide a doubling.
+    ("rel_tol 1.01", _set(1.01, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
+    ("noise 0.51", _set(0.51, *LAT, "noise"), f"{A}.metrics.latency_us.noise"),
+    ("noise 50", _set(50.0, *LAT, "noise"), f"{A}.metrics.latency_us.noise"),
+    # An entry's machine: one of the header's fingerprints, each stored under its own id.
+    ("entry names no stored fingerprint", _set("0123abcd0123", "entries", "fake[a]", "fingerprint"),
+     f"{A}.fingerprint"),
+    ("fingerprints not an object", _set([], "fingerprints"), "fingerprints"),
+    ("fingerprint edited after its id", _set({"0123abcd0123": {"gpus": []}}, "fingerprints"),
+     "fingerprints['0123abcd0123']"),
 ]
 
 
@@ -177,3 +190,25 @@ def test_validation_does_not_change_the_document(valid_doc):
     before = json.dumps(valid_doc, sort_keys=True)
     validate_file(valid_doc, "x.json", hardware_key=HW, family="gemm")
     assert json.dumps(valid_doc, sort_keys=True) == before
+
+
+def test_the_bounds_still_show_a_doubling_and_hold_every_committed_baseline():
+    # The widest stored noise band (NOISE_FACTOR x NOISE_MAX) must not reach past the widest tolerance,
+    # a doubling; and the committed files (rel_tol up to 1.00 for eager NCCL, noise up to 0.45) load.
+    assert NOISE_FACTOR * NOISE_MAX <= REL_TOL_MAX == 1.0
+    committed = sorted((REPO / "baselines").glob("*/*.json"))
+    assert committed
+    for path in committed:
+        load_file(path, hardware_key=path.parent.name, family=path.stem)
+
+
+def test_an_entry_naming_its_machine_loads_with_it(tmp_path, valid_doc):
+    fp = {"gpus": [{"name": "NVIDIA H200"}]}
+    valid_doc["fingerprints"] = {fingerprint_id(fp): fp}
+    valid_doc["entries"]["fake[a]"]["fingerprint"] = fingerprint_id(fp)
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    bs = BaselineSet.load(tmp_path, HW)
+    assert bs.fingerprint("gemm", "fake[a]") == fp
+    assert bs.fingerprint("gemm", "fake[b]") == valid_doc["fingerprint"], "an entry naming none: the header's"

@@ -12,13 +12,15 @@ import fcntl
 import io
 import json
 import os
+import re
+import socket
 import tempfile
 import threading
 from pathlib import Path
 
 import pytest
 
-from moebench.baselines.schema import BaselineError
+from moebench.baselines.schema import BaselineError, fingerprint_id
 from moebench.baselines.store import (
     BaselineSet,
     check_writable,
@@ -94,13 +96,21 @@ def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
     # The reviewer's tolerance survives the update (the measurement asked for 0.2).
     assert m["rel_tol"] == 0.05
     assert merged["created"] == valid_doc["created"] and merged["updated"] == NOW
-    assert merged["fingerprint"] == {"cpu": {"model": "new"}}
-    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)"]
-    # Outside the updated entry only the header's "updated" and "fingerprint" lines moved.
+    # The entry names the machine it was measured on; the header's fingerprint, which describes the
+    # entries naming none (fake[b]), is left as it was.
+    new_fp, bs = {"cpu": {"model": "new"}}, BaselineSet(Path("."), HW, {"gemm": merged})
+    assert merged["fingerprint"] == valid_doc["fingerprint"] == bs.fingerprint("gemm", "fake[b]")
+    assert merged["fingerprints"] == {merged["entries"]["fake[a]"]["fingerprint"]: new_fp}
+    assert bs.fingerprint("gemm", "fake[a]") == new_fp and fingerprint_id(new_fp) in merged["fingerprints"]
+    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)",
+                       "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
+    # Outside the updated entry only the header's "updated" line and the new "fingerprints" table moved.
     outside = [l for l in after.splitlines(keepends=True) if l not in new_blocks["fake[a]"]]
     outside_before = [l for l in before.splitlines(keepends=True) if l not in old_blocks["fake[a]"]]
     differ = [l for l in outside if l not in outside_before]
-    assert all(l.startswith(('  "updated"', '      "model"')) for l in differ), differ
+    table = dumps({"fingerprints": merged["fingerprints"]}).splitlines(keepends=True)[1:-1]
+    assert all(l.startswith('  "updated"') or l.rstrip(",\n") in {t.rstrip(",\n") for t in table}
+               for l in differ), differ
 
 
 def test_merge_adds_new_entries_and_reports_definition_changes(valid_doc):
@@ -115,7 +125,10 @@ def test_merge_adds_new_entries_and_reports_definition_changes(valid_doc):
 
 def test_merge_into_nothing_makes_a_valid_new_document():
     doc, changes = merge_entries(None, HW, "decode", {"gpus": []}, NOW, {"d[x]": _update(97.0)})
-    assert doc == {**new_document(HW, "decode", {"gpus": []}, NOW), "entries": {"d[x]": _update(97.0)}}
+    fid = fingerprint_id({"gpus": []})
+    # The header claims no machine: every entry of a new file names its own.
+    assert doc == {**new_document(HW, "decode", {}, NOW), "fingerprints": {fid: {"gpus": []}},
+                   "entries": {"d[x]": {**_update(97.0), "fingerprint": fid}}}
     assert changes == ["  + d[x] (latency_us 97 us)"]
 
 
@@ -381,6 +394,7 @@ def test_an_update_waits_for_the_lock_and_merges_what_the_holder_wrote(tmp_path)
 def test_a_lock_held_too_long_is_one_line_not_an_endless_wait(tmp_path):
     path = tmp_path / "hw" / "gemm.json"
     with locked(path):
-        with pytest.raises(BaselineError, match=r"\.gemm\.json\.lock: another run has held this lock too long"):
+        holder = re.escape(f"pid {os.getpid()} on host {socket.gethostname()}")  # the lock names who holds it
+        with pytest.raises(BaselineError, match=rf"\.gemm\.json\.lock: {holder} has held this lock too long"):
             with locked(path, timeout_s=0):
                 pass

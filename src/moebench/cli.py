@@ -199,8 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = _Parser(prog="moebench", formatter_class=fmt,
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
-                epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
-                       "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
+                epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare), a change that loosens "
+                       "the gate (baselines diff --exit-code) or a false alarm (aa), 2 bad input.\nSee `moebench COMMAND --help`.")
     sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,aa,report,predict}",
                           required=True)
 
@@ -242,10 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
     s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
     s.set_defaults(func=cli_baselines.cmd_baselines_show)
-    d = bsub.add_parser("diff", formatter_class=fmt, help="what changed between two baseline files or folders")
-    d.add_argument("a", metavar="OLD", help="baseline file or folder")
-    d.add_argument("b", metavar="NEW", help="baseline file or folder")
-    d.add_argument("--exit-code", action="store_true", help="exit 1 when they differ (like git diff --exit-code)")
+    d = bsub.add_parser("diff", formatter_class=fmt, help="what changed between two baseline files or folders",
+                        epilog="example (a reviewer's check of a pull request): "
+                               "moebench baselines diff origin/main:baselines baselines --exit-code")
+    d.add_argument("a", metavar="OLD", help="baseline file or folder, or REV:PATH in git (origin/main:baselines)")
+    d.add_argument("b", metavar="NEW", help="baseline file or folder, or REV:PATH in git")
+    d.add_argument("--exit-code", action="store_true",
+                   help="exit 1 when a change loosens the gate (marked [LOOSER]: an entry or metric removed, "
+                        "rel_tol or noise up, a direction flipped)")
     d.set_defaults(func=cli_baselines.cmd_baselines_diff)
     pr = bsub.add_parser("promote", formatter_class=fmt, help="write reviewed values into the baseline folder",
                          description=_wrap("Take the selected cases of a reviewed results file (--results-json) or of "

@@ -11,10 +11,12 @@ from pathlib import Path
 
 from moebench.baselines.combine import combine_entries
 from moebench.baselines.compare import Verdict, display_rank
-from moebench.baselines.schema import validate_file
-from moebench.baselines.store import load_file
+from moebench.baselines.diff import Change, diff, loosening
+from moebench.baselines.revision import is_revision, load_revision
+from moebench.baselines.store import entry_fingerprint, load_file
 from moebench.baselines.update import merge_files
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError, check_patterns, matcher
+from moebench.hardware import machine_name
 from moebench.report import fmt_pct, fmt_value, table
 from moebench.results import ResultsDoc, read_json
 from moebench.runs import baseline_entries
@@ -32,13 +34,24 @@ def _baseline_files(path: Path) -> list[Path]:
     return files
 
 
-def _entries(path: Path) -> dict[tuple[str, str, str], dict]:
-    """(hardware key, family, case key) -> stored entry, over every baseline file under `path`."""
+def _documents(spec: str) -> list[tuple[str, dict]]:
+    """(where, document) for every baseline file under a path, or under REV:PATH in git."""
+    if is_revision(spec):
+        return load_revision(spec)
+    return [(str(f), load_file(f)) for f in _baseline_files(Path(spec))]
+
+
+def _entries(spec: str) -> dict[tuple[str, str, str], dict]:
+    """(hardware key, family, case key) -> stored entry, over every baseline file under `spec`; the
+    entry's machine as words ("machine"), not its fingerprint id."""
     out = {}
-    for f in _baseline_files(path):
-        doc = load_file(f)
+    for _, doc in _documents(spec):
         for key, entry in doc["entries"].items():
-            out[(doc["hardware_key"], doc["family"], key)] = entry
+            view = {k: v for k, v in entry.items() if k != "fingerprint"}
+            fp = entry_fingerprint(doc, entry)
+            if fp:
+                view["machine"] = machine_name(fp)
+            out[(doc["hardware_key"], doc["family"], key)] = view
     return out
 
 
@@ -49,11 +62,20 @@ def _provenance(p: dict) -> str:
 
 
 def _machine(fp: dict) -> str:
-    gpus = fp.get("gpus") or []
-    what = f"{len(gpus)} x {gpus[0].get('name')}" if gpus else f"CPU {fp.get('cpu', {}).get('model', '?')}"
     versions = ", ".join(f"{k} {v}" for k, v in sorted((fp.get("versions") or {}).items()) if v and k in ("torch", "triton", "vllm", "sglang"))
     driver = f", driver {fp['driver']}" if fp.get("driver") else ""
-    return what + driver + (f"; {versions}" if versions else "")
+    return machine_name(fp) + driver + (f"; {versions}" if versions else "")
+
+
+def _recorded_on(doc: dict, keys: list[str]) -> list[str]:
+    """One line per machine the entries `keys` were recorded on, with how many (a file may hold entries of
+    several: --baseline-other-hardware files another machine's numbers under this key)."""
+    counts: dict[str, int] = {}
+    for k in keys:
+        fp = entry_fingerprint(doc, doc["entries"][k])
+        what = _machine(fp) if fp else "a machine this file does not name"
+        counts[what] = counts.get(what, 0) + 1
+    return [f"  recorded on {what} ({n} {'entry' if n == 1 else 'entries'})" for what, n in counts.items()]
 
 
 def cmd_baselines_show(args: argparse.Namespace) -> int:
@@ -68,7 +90,8 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
             continue
         print(f"{f}: {doc['hardware_key']} / {doc['family']}, {len(doc['entries'])} entries, schema {doc['schema_version']}, "
               f"created {doc.get('created', '?')}, updated {doc.get('updated', '?')}")
-        print(f"  recorded on {_machine(doc['fingerprint'])}")
+        for line in _recorded_on(doc, keys):
+            print(line)
         rows = []
         for k in keys:
             e = doc["entries"][k]
@@ -80,49 +103,49 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _describe(c: Change) -> str:
+    """One change as the diff line shows it: 'graph_us 10 -> 11 us (+10.0%)', 'graph_us noise 1.0% -> 50.0%'."""
+    if c.field == "value":
+        pct = 100 * (c.new - c.old) / c.old if c.old else None
+        text = f"{c.metric} {fmt_value(c.old)} -> {fmt_value(c.new)} ({fmt_pct(pct, signed=True)})"
+    elif c.field in ("added", "removed"):
+        text = f"{c.metric} {c.field}" + (f" {fmt_value(c.new['value'], c.new['unit'])}" if c.new else "")
+    elif c.field in ("noise", "rel_tol") and all(isinstance(x, (int, float)) for x in (c.old, c.new)):
+        text = f"{c.metric} {c.field} {fmt_pct(100 * c.old)} -> {fmt_pct(100 * c.new)}"
+    elif c.field == "definition_hash":
+        text = "case definition changed"
+    elif c.field == "provenance":
+        text = f"now {_provenance(c.new)}"
+    else:
+        text = f"{c.metric + ' ' if c.metric else ''}{c.field} {c.old} -> {c.new}"
+    return text + (f" [LOOSER: {c.looser}]" if c.looser else "")
+
+
 def cmd_baselines_diff(args: argparse.Namespace) -> int:
-    """What changed between two baseline files or folders, entry by entry and metric by metric."""
-    a, b = _entries(Path(args.a)), _entries(Path(args.b))
-    lines, unchanged = [], 0
-    for k in sorted(set(a) | set(b)):
-        hw, fam, key = k
+    """Every field that changed between two baseline files or folders (either may be REV:PATH in git),
+    entry by entry and metric by metric, with the changes that loosen the gate marked [LOOSER]; with
+    --exit-code, exit 1 when there is one (moebench.baselines.diff says which changes loosen)."""
+    changes = diff(_entries(args.a), _entries(args.b))
+    counts = {"added": 0, "removed": 0, "changed": 0, "unchanged": 0}
+    for (hw, fam, key), cs in changes.items():
         where = f"{hw}/{fam} {key}"
-        if k not in a:
-            ms = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(b[k]["metrics"].items()))
-            lines.append(f"+ {where}: {ms} ({_provenance(b[k]['provenance'])})")
-            continue
-        if k not in b:
-            lines.append(f"- {where}")
-            continue
-        ea, eb = a[k], b[k]
-        changes = []
-        for n in sorted(set(ea["metrics"]) | set(eb["metrics"])):
-            ma, mb = ea["metrics"].get(n), eb["metrics"].get(n)
-            if ma is None:
-                changes.append(f"{n} added {fmt_value(mb['value'], mb['unit'])}")
-            elif mb is None:
-                changes.append(f"{n} removed")
-            else:
-                if ma["value"] != mb["value"]:
-                    pct = 100 * (mb["value"] - ma["value"]) / ma["value"] if ma["value"] else None
-                    changes.append(f"{n} {fmt_value(ma['value'])} -> {fmt_value(mb['value'], mb['unit'])} ({fmt_pct(pct, signed=True)})")
-                for field in ("rel_tol", "direction", "unit"):
-                    if ma[field] != mb[field]:
-                        changes.append(f"{n} {field} {ma[field]} -> {mb[field]}")
-        if ea["definition_hash"] != eb["definition_hash"]:
-            changes.append("case definition changed")
-        if ea["provenance"] != eb["provenance"] and changes:
-            changes.append(f"now {_provenance(eb['provenance'])}")
-        if changes:
-            lines.append(f"~ {where}: " + "; ".join(changes))
-        else:
-            unchanged += 1
-    for line in lines:
-        print(line)
-    added = sum(1 for line in lines if line.startswith("+"))
-    removed = sum(1 for line in lines if line.startswith("-"))
-    print(f"{added} added, {removed} removed, {len(lines) - added - removed} changed, {unchanged} unchanged")
-    return EXIT_FOUND if args.exit_code and lines else EXIT_OK
+        whole = cs[0].field if cs and cs[0].metric is None and cs[0].field in ("added", "removed") else ""
+        if whole == "added":
+            ms = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(cs[0].new["metrics"].items()))
+            print(f"+ {where}: {ms} ({_provenance(cs[0].new['provenance'])})")
+        elif whole == "removed":
+            print(f"- {where} [LOOSER: {cs[0].looser}]")
+        elif cs:
+            print(f"~ {where}: " + "; ".join(_describe(c) for c in cs))
+        counts[whole or ("changed" if cs else "unchanged")] += 1
+    looser = loosening(changes)
+    n = f"{len(looser)} change{'s' if len(looser) != 1 else ''}"
+    print(f"{counts['added']} added, {counts['removed']} removed, {counts['changed']} changed, {counts['unchanged']} "
+          f"unchanged; {n} {'loosens' if len(looser) == 1 else 'loosen'} the gate")
+    if looser:
+        print(f"moebench baselines diff: {n} marked [LOOSER] let a slower measurement pass: each needs a reviewer's "
+              "reason")
+    return EXIT_FOUND if args.exit_code and looser else EXIT_OK
 
 
 def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
@@ -135,8 +158,10 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
         return [s for f in files for s in _promotion_source(f)]
     doc = read_json(path)
     if isinstance(doc, dict) and "schema_version" in doc:
-        validate_file(doc, str(path))
-        return [(doc["hardware_key"], doc["family"], doc["fingerprint"], doc["entries"], f"proposed in {path}")]
+        doc = load_file(path)  # validated, and read again refusing a key named twice
+        # each entry takes the machine it was recorded on along (merge_entries reads it from the entry)
+        entries = {k: {**e, "fingerprint": entry_fingerprint(doc, e)} for k, e in doc["entries"].items()}
+        return [(doc["hardware_key"], doc["family"], doc["fingerprint"], entries, f"proposed in {path}")]
     run = ResultsDoc.from_json(doc, str(path))
     verdicts = {k: c.verdict for k, c in run.cases.items()}
     return [(run.hardware_key, fam, run.fingerprint,
@@ -196,6 +221,6 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
         n, note = sizes[hw, fam]
         print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {m.target}: "
               f"{len(m.changes)} change{'s' if len(m.changes) != 1 else ''}")
-        for line in m.changes + notes[hw, fam]:
+        for line in m.changes + notes[hw, fam] + m.notes:
             print(line)
     return EXIT_OK

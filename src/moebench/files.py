@@ -3,6 +3,7 @@ table): nothing of a family or a format lives here."""
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from pathlib import Path
@@ -18,11 +19,24 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def _temporary_name(path: Path) -> tuple[str, str]:
+    """(prefix, suffix) of atomic_write_text's temporary files for `path`: `.<name>.<random>.tmp`."""
+    return f".{path.name}.", ".tmp"
+
+
+def temporary_files(path: Path) -> list[Path]:
+    """atomic_write_text's temporary files for `path` that exist now (left by a process killed mid-write)."""
+    prefix, suffix = _temporary_name(Path(path))
+    return sorted(Path(path).parent.glob(f"{glob.escape(prefix)}*{suffix}"))
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write via a temporary file in the same folder and os.replace: a reader (or an interrupt) sees the
-    old file or the new one, never half of either; the temporary file is removed on any failure."""
+    old file or the new one, never half of either; the temporary file is removed on any failure (a
+    SIGKILL leaves it: temporary_files finds it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    prefix, suffix = _temporary_name(path)
+    fd, tmp = tempfile.mkstemp(prefix=prefix, suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)

@@ -225,6 +225,12 @@ def hardware_key(fp: dict[str, Any] | None = None) -> str:
     return f"{name}-x{len(gpus)}"
 
 
+def machine_name(fp: dict[str, Any]) -> str:
+    """A fingerprint in a few words: '1 x NVIDIA H200', or 'CPU <model>' on a machine without GPUs."""
+    gpus = fp.get("gpus") or []
+    return f"{len(gpus)} x {gpus[0].get('name')}" if gpus else f"CPU {(fp.get('cpu') or {}).get('model', '?')}"
+
+
 def same_hardware(recorded: dict[str, Any] | None, current: dict[str, Any]) -> tuple[bool, str]:
     """Whether a baseline recorded on `recorded` may be compared here: same GPU models and count
     (or, with no GPUs, the same CPU model). Versions may differ: that is what the suite catches."""

@@ -1,34 +1,75 @@
-"""Ctrl-C held back while a run writes its files, so that an interrupt never leaves some of them written
-and others not (each file is atomic on its own; a set of them is not)."""
+"""Ctrl-C and SIGTERM held back while a run writes its files, so that an interrupt never leaves some of
+them written and others not (each file is atomic on its own; a set of them is not), and SIGTERM ending a
+run the way Ctrl-C does.
+
+SIGTERM is what CI cancellation, `timeout` and `docker stop` send. Its default action ended the process
+at once: during the baseline write that lost the run without a word (exit -15) and left the temporary
+file and the lock beside the baselines, where `git add baselines/` would commit them.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
+
+HELD = (signal.SIGINT, signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C raises KeyboardInterrupt: pytest ends the run as interrupted, and
+    every `finally` (engines, NCCL ranks, locks) runs on the way out."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated(signal.Signals(signum).name)
+
+
+def sigterm_as_interrupt() -> Callable[[], None]:
+    """Make SIGTERM raise Terminated; returns what puts the previous handler back. Only in the main
+    thread, and only over the default handler: a handler someone else installed is theirs."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return lambda: None
+    signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is _raise_terminated:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return restore
 
 
 class CtrlC:
-    """Holds SIGINT during `held()` blocks and remembers whether one arrived (`received`)."""
+    """Holds SIGINT and SIGTERM during `held()` blocks and remembers the first that arrived (`received`:
+    its name, "SIGINT" or "SIGTERM"; "" when none did)."""
 
     def __init__(self) -> None:
-        self.received = False
+        self.received = ""
 
     def _note(self, signum, frame) -> None:
-        self.received = True
+        self.received = self.received or signal.Signals(signum).name
+
+    def interrupted_line(self, what: str) -> str:
+        """The one line saying that an interrupt waited for `what` ("" when none arrived)."""
+        if not self.received:
+            return ""
+        by = "" if self.received == "SIGINT" else f" by {self.received}"
+        return f"moebench: interrupted{by} while writing files: held until {what}"
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Run the block with Ctrl-C recorded instead of raised; the caller says so afterwards and ends the
-        run as interrupted. Only for short, bounded work (writing files): the user's Ctrl-C waits for it.
-        Outside the main thread, where Python cannot install a handler, the block runs unprotected."""
+        """Run the block with Ctrl-C and SIGTERM recorded instead of acted on; the caller says so afterwards
+        and ends the run as interrupted. Only for short, bounded work (writing files): the interrupt waits
+        for it. Outside the main thread, where Python cannot install a handler, the block runs unprotected."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, self._note)
+        previous = {s: signal.signal(s, self._note) for s in HELD}
         try:
             yield
         finally:
-            # None: a handler installed from C; Python's default one is the closest to restore.
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+            for s, handler in previous.items():
+                # None: a handler installed from C; Python's defaults are the closest to restore.
+                fallback = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
+                signal.signal(s, handler if handler is not None else fallback)

@@ -24,6 +24,7 @@ from moebench.metrics import Metric
 from moebench.report import failure_note
 from moebench.results import Row
 from moebench.session import CaseResult, RunState
+from moebench.unmeasured import StrictCoverage
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
@@ -95,6 +96,7 @@ def pytest_sessionstart(session: pytest.Session):
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.add_cleanup(interrupts.sigterm_as_interrupt())  # first: a SIGTERM while starting ends as Ctrl-C does
     if problem := compat.installed_problem():  # before every case errors at setup over it
         raise pytest.UsageError(problem)
     try:
@@ -158,6 +160,8 @@ def _configure(config: pytest.Config) -> None:
     config.stash[_UPDATE_LINES] = []
     config.stash[_WARNINGS] = warnings
     config.pluginmanager.register(_TestOutcomes(config.stash[STATE]), "moebench-outcomes")
+    if strict and not update:  # stored entries the run selected but did not measure fail it
+        config.pluginmanager.register(StrictCoverage(config.stash[STATE]), "moebench-strict-coverage")
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -333,7 +337,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             _write_baselines(session, state, lines, interrupted=exitstatus == pytest.ExitCode.INTERRUPTED)
         _write_reports(session, state, lines)
     if ctrl_c.received:
-        lines.append("moebench: interrupted while writing files: held until the files above were written in full")
+        lines.append(ctrl_c.interrupted_line("the files above were written in full"))
         session.exitstatus = pytest.ExitCode.INTERRUPTED
 
 

@@ -80,12 +80,14 @@ def _outcome(x: Any, allowed: type, where: str, path: str) -> str:
     return str(x)
 
 
-# A results file's value, unit and rel_tol rules (see schema.METRIC_RULES for why they differ from a
-# baseline's); a gated value must also be finite, which from_json checks with the `gated` field.
+# A results file's value, unit, rel_tol and noise rules (see schema.METRIC_RULES for why they differ from a
+# baseline's: a run reports the spread it measured, however wide, and a baseline bounds what it stores);
+# a gated value must also be finite, which from_json checks with the `gated` field.
 _RULES = {**METRIC_RULES,
           "value": (_number, "must be a number"),
           "unit": (lambda x: isinstance(x, str), "must be a string"),
-          "rel_tol": (lambda x: _number(x) and x >= 0, "must be a number >= 0")}
+          "rel_tol": (lambda x: _number(x) and x >= 0, "must be a number >= 0"),
+          "noise": (lambda x: _number(x) and x >= 0, "must be a number >= 0")}
 
 
 def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ...] = ()) -> Metric:

@@ -74,15 +74,17 @@ class RunState:
         self._ceilings: dict[str, float] = {}
 
     # --- comparing -----------------------------------------------------------------------------
-    def env_mismatch(self, family: str) -> tuple[bool, str]:
-        """A family file recorded on other hardware than this (possible only with --hardware-key)."""
-        return hardware.same_hardware(self.baselines.fingerprint(family), self.fingerprint) if self.key_forced else (True, "")
+    def env_mismatch(self, family: str, key: str) -> tuple[bool, str]:
+        """A stored entry recorded on other hardware than this (possible only with --hardware-key)."""
+        if not self.key_forced:
+            return True, ""
+        return hardware.same_hardware(self.baselines.fingerprint(family, key), self.fingerprint)
 
     def compare(self, family: str, key: str, def_hash: str, m: Measurement) -> tuple[dict[str, Comparison], Verdict, str]:
         """Compare every gated metric of a measurement with the stored entry: with the spread on the
         recording machine when this is one of the machines that recorded it, else with the spread between
         machines of the kind. A CPU other than the recording one is named (host-bound numbers follow it)."""
-        same, why = self.env_mismatch(family)
+        same, why = self.env_mismatch(family, key)
         entry = self.baselines.entry(family, key)
         notes = []
         if entry is None:
@@ -92,7 +94,7 @@ class RunState:
         elif not same:
             notes.append(why)
         else:
-            notes.append(hardware.cpu_change(self.baselines.fingerprint(family), self.fingerprint))
+            notes.append(hardware.cpu_change(self.baselines.fingerprint(family, key), self.fingerprint))
         other = bool(entry) and not entry.measured_on(self.fingerprint.get("machine_id", "unknown"))
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,

@@ -6,14 +6,16 @@ A file `baselines/<hardware-key>/<family>.json`:
       "schema_version": 1,
       "hardware_key": "nvidia-h200-x1",
       "family": "gemm",
-      "fingerprint": {...},            # the machine at the last recording (moebench.hardware)
+      "fingerprint": {...},            # the machine of the entries that name none of their own (below)
+      "fingerprints": {"<id>": {...}}, # every machine an entry names (optional; moebench.hardware)
       "created": "2026-11-29T...Z", "updated": "...",
       "entries": {
         "<case key>": {
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
           "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
                                  "noise_machines"?, "gate"?: "cliff"}},
-          "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id)
+          "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
+          "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
           "independent_runs": 3,              # processes or engine instances its values are medians of
           "provenance": {"kind": "measured", "commit", "date", "versions": {...}}
                       | {"kind": "external", "source": "<where the figure came from>", "date"}
@@ -21,8 +23,15 @@ A file `baselines/<hardware-key>/<family>.json`:
       }
     }
 
+Each entry written by this code names the machine it was recorded on (`fingerprint`, the id of one of
+the header's `fingerprints`, see fingerprint_id). The header's own `fingerprint` describes only the
+entries that name none (written before entries carried theirs) and no write changes it: a run filed
+under another hardware key (--baseline-other-hardware) once rewrote it, and the file then said that all
+179 H200 entries were recorded on a CPU. A file made by this code starts with `{}` there.
+
 Values must be physically possible: every stored metric is a time or a rate (us, ms, GB/s, tokens/s),
-so its value is > 0; rel_tol is a fraction in (0, 1] (0.05 is 5%); noise >= 0; n >= 1.
+so its value is > 0; n >= 1; rel_tol and noise are bounded by what a measurement can justify
+(REL_TOL_MAX, NOISE_MAX).
 
 `noise` is the spread that applies on the recording machine(s): the larger of the spread inside a run
 and between its independent runs. `noise_machines` (only for entries recorded on two or more machines)
@@ -35,9 +44,12 @@ path of the entry and field; several problems come as one block under a line tha
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import Any, Callable, Mapping
 
+from moebench.baselines.compare import NOISE_FACTOR
 from moebench.hardware import KEY_RULE, is_key
 from moebench.metrics import DIRECTIONS, Metric
 
@@ -77,6 +89,19 @@ def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+# The largest tolerance a reviewer may store: the value doubling (or a rate halving), a cliff. The widest
+# the measurements here have needed: eager NCCL allreduce at decode sizes, host-bound, moved +10..+98%
+# between two H200 hosts (allreduce/cases.py, stored at 1.00); TTFT, a 64-token eager prefill, read 90-147
+# ms over 12 engine instances on two H200 machines (decode_scenarios.toml, stored at 0.60). Anything wider
+# lets a 2x slowdown read PASS, which no measured spread justifies.
+REL_TOL_MAX = 1.0
+# The largest stored noise (a relative spread, moebench.metrics.relative_spread): the one whose noise band
+# (NOISE_FACTOR x noise, compare.py) reaches REL_TOL_MAX, so that no stored spread can hide a doubling (a
+# stored noise of 50 made a 2x slowdown read AMBIGUOUS). The widest the committed baselines hold is 0.45
+# (a two-rank custom allreduce at 2 tokens); a noisier case needs more samples, not a wider band.
+NOISE_MAX = REL_TOL_MAX / NOISE_FACTOR
+
+
 # A stored metric's fields: name -> (the test a value passes, what a good value is). A results file holds
 # the same record (Metric.to_json), so moebench.results checks direction, noise and n by these rules
 # too; value, unit and rel_tol it checks its own way: a baseline stores only gated times and rates (> 0,
@@ -87,8 +112,10 @@ METRIC_RULES: dict[str, Rule] = {
     "value": (lambda x: _is_number(x) and x > 0, "must be a finite number > 0 (a time or a rate)"),
     "unit": (lambda x: isinstance(x, str) and bool(x), "must be a non-empty string"),
     "direction": (lambda x: x in DIRECTIONS, "must be 'lower' or 'higher'"),
-    "rel_tol": (lambda x: _is_number(x) and 0 < x <= 1, "must be a fraction in (0, 1] (0.05 is 5%)"),
-    "noise": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
+    "rel_tol": (lambda x: _is_number(x) and 0 < x <= REL_TOL_MAX,
+                f"must be a fraction in (0, {REL_TOL_MAX:g}] (0.05 is 5%; {REL_TOL_MAX:g}: the value doubling)"),
+    "noise": (lambda x: _is_number(x) and 0 <= x <= NOISE_MAX,
+              f"must be a relative spread in [0, {NOISE_MAX:g}] (a wider one would hide a doubling)"),
     "n": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1, "must be an integer >= 1"),
     "noise_machines": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
     "gate": (lambda x: x in GATES, f"must be one of {GATES}"),
@@ -141,10 +168,33 @@ def _check_provenance(p: _Problems, prov: Any, path: str) -> None:
                "an external figure must say where it came from")
 
 
-def _check_entry(p: _Problems, entry: Any, path: str) -> None:
+def fingerprint_id(fingerprint: Mapping[str, Any]) -> str:
+    """The id an entry names its machine by: a sha256 prefix of the fingerprint's canonical JSON, so one
+    machine state has one id and a hand-edited fingerprint no longer matches its id."""
+    text = json.dumps(fingerprint, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def _check_fingerprints(p: _Problems, doc: dict) -> set[str]:
+    """The header's `fingerprints` (optional): id -> fingerprint, each id that fingerprint's own. Returns
+    the ids an entry may name."""
+    table = doc.get("fingerprints", {})
+    if not p.need(isinstance(table, dict), "fingerprints", "must be an object (id -> fingerprint)"):
+        return set()
+    for fid, fp in table.items():
+        if p.need(isinstance(fp, dict), f"fingerprints[{fid!r}]", "must be an object"):
+            p.need(fingerprint_id(fp) == fid, f"fingerprints[{fid!r}]",
+                   f"does not match its id (it hashes to {fingerprint_id(fp)!r}): edited by hand?")
+    return set(table)
+
+
+def _check_entry(p: _Problems, entry: Any, path: str, machines: set[str]) -> None:
     if not p.need(isinstance(entry, dict), path, "must be an object"):
         return
     p.need(isinstance(entry.get("definition_hash"), str), f"{path}.definition_hash", "missing")
+    if "fingerprint" in entry:
+        p.need(entry["fingerprint"] in machines, f"{path}.fingerprint",
+               f"{entry['fingerprint']!r} is not one of the header's fingerprints")
     metrics = entry.get("metrics")
     if p.need(isinstance(metrics, dict) and bool(metrics), f"{path}.metrics", "must be a non-empty object"):
         for name, m in metrics.items():
@@ -158,6 +208,24 @@ def _check_entry(p: _Problems, entry: Any, path: str) -> None:
         runs = entry["independent_runs"]
         p.need(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, f"{path}.independent_runs",
                f"must be an integer >= 1, got {runs!r}")
+
+
+def parse_document(text: str, where: str) -> Any:
+    """JSON text to a document, refusing a key named twice in one object: Python's json keeps the last
+    silently, so a `"noise": 50.0` after the measured one used to switch the gate off unseen in review."""
+    def refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+        seen: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in seen:
+                raise BaselineError(f"{where}: duplicate key {key!r} in one object (JSON would keep the last one "
+                                    "silently; remove one)")
+            seen[key] = value
+        return seen
+
+    try:
+        return json.loads(text, object_pairs_hook=refuse_duplicates)
+    except json.JSONDecodeError as e:
+        raise BaselineError(f"{where}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
 
 
 def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, family: str | None = None) -> dict:
@@ -182,9 +250,10 @@ def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, fami
             and family is not None:
         p.need(doc["family"] == family, "family", f"file name says {family!r}, content says {doc['family']!r}")
     p.need(isinstance(doc.get("fingerprint"), dict), "fingerprint", "must be an object")
+    machines = _check_fingerprints(p, doc)
     entries = doc.get("entries")
     if p.need(isinstance(entries, dict), "entries", "must be an object"):
         for key, entry in entries.items():
-            _check_entry(p, entry, f"entries[{key!r}]")
+            _check_entry(p, entry, f"entries[{key!r}]", machines)
     p.raise_if_any()
     return doc

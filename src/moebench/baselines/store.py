@@ -8,13 +8,16 @@ import fcntl
 import functools
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from moebench.baselines.schema import SCHEMA_VERSION, BaselineError, validate_file, validate_metric
-from moebench.hardware import KEY_RULE, is_key
+from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, fingerprint_id, parse_document, validate_file,
+                                      validate_metric)
+from moebench.hardware import KEY_RULE, is_key, machine_name
+from moebench.files import temporary_files
 from moebench.metrics import Metric
 from moebench.report import fmt_pct, fmt_value
 
@@ -26,15 +29,16 @@ def dumps(doc: Mapping[str, Any]) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: Path, timeout_s: float = 60.0) -> Iterator[None]:
-    """Hold an exclusive lock for rewriting `path` (fcntl.flock on `.<name>.lock` in the same folder).
+def locked(path: Path, timeout_s: float = 60.0) -> Iterator[list[str]]:
+    """Hold an exclusive lock for rewriting `path` (fcntl.flock on `.<name>.lock` in the same folder);
+    yields the lines to show for what a killed writer left (see _clear_leftovers).
 
     Every writer of a baseline file takes it and re-reads the file under it, so two runs updating one
     file merge their entries instead of the later one silently dropping the earlier one's. A writer
-    holds it for moments (merge and write); one still held after timeout_s is a BaselineError, not an
-    endless wait (the plugin holds Ctrl-C while it writes). The lock file is removed on release (while
-    still held); a waiter that then holds a lock on the removed file sees that the name no longer points
-    to it and locks the current one instead.
+    holds it for moments (merge and write); one still held after timeout_s is a BaselineError naming the
+    holder, not an endless wait (the plugin holds Ctrl-C and SIGTERM while it writes). The lock file
+    holds the holder's pid and host and is removed on release (while still held); a waiter that then
+    holds a lock on the removed file sees that the name no longer points to it and locks the current one.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -55,11 +59,36 @@ def locked(path: Path, timeout_s: float = 60.0) -> Iterator[None]:
             break
         os.close(fd)
     try:
-        yield
+        notes = _clear_leftovers(fd, lock, path)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        yield notes
     finally:
         with contextlib.suppress(FileNotFoundError):  # removed by hand meanwhile: nothing left to clean up
             os.unlink(lock)
         os.close(fd)
+
+
+def _holder(fd: int) -> str:
+    """Who the lock file says holds it ('pid 123 on host h'), or '' for an empty file."""
+    text = os.pread(fd, 256, 0).decode(errors="replace").split()
+    return f"pid {text[0]} on host {text[1]}" if len(text) >= 2 else ""
+
+
+def _clear_leftovers(fd: int, lock: Path, path: Path) -> list[str]:
+    """What a writer killed inside the lock (SIGKILL, a power cut) left, removed with a line each: its
+    pid in the lock file (the lock itself was freed when it died, so holding it now proves it gone)
+    and its half-written temporary file beside `path`. Every writer of `path` writes under this lock,
+    so no other run's temporary file can be there."""
+    notes = []
+    holder = _holder(fd)
+    if holder:
+        notes.append(f"moebench: {lock}: stale lock of {holder}, a run killed while writing; taken over")
+    for tmp in temporary_files(path):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            notes.append(f"moebench: {tmp}: removed, the half-written file of a run killed while writing")
+    return notes
 
 
 def _flock_until(fd: int, deadline: float, lock: Path) -> None:
@@ -69,8 +98,9 @@ def _flock_until(fd: int, deadline: float, lock: Path) -> None:
             return
         except BlockingIOError:
             if time.monotonic() >= deadline:
-                raise BaselineError(f"{lock}: another run has held this lock too long; baselines NOT written "
-                                    "(remove the file if no moebench run is writing)") from None
+                holder = _holder(fd) or "another run"
+                raise BaselineError(f"{lock}: {holder} has held this lock too long; baselines NOT written "
+                                    "(remove the file if that run is not writing)") from None
             time.sleep(0.01)
 
 
@@ -96,11 +126,13 @@ def load_file(path: Path, *, hardware_key: str | None = None, family: str | None
     except UnicodeDecodeError as e:
         # Not an OSError: without this a stray binary byte ended the run with an INTERNALERROR traceback.
         raise BaselineError(f"{path}: byte {e.start}: not UTF-8 text") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BaselineError(f"{path}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
-    return validate_file(doc, str(path), hardware_key=hardware_key, family=family)
+    return validate_file(parse_document(text, str(path)), str(path), hardware_key=hardware_key, family=family)
+
+
+def entry_fingerprint(doc: Mapping[str, Any], entry: Mapping[str, Any]) -> dict:
+    """The machine a stored entry was recorded on: the one it names, else (written before entries named
+    theirs) the file header's ({} when that names none)."""
+    return doc.get("fingerprints", {}).get(entry.get("fingerprint", "")) or doc["fingerprint"]
 
 
 @dataclass
@@ -149,10 +181,11 @@ class BaselineSet:
         return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}),
                              tuple(raw.get("machines") or ()), raw.get("independent_runs"))
 
-    def fingerprint(self, family: str) -> dict | None:
-        """The machine fingerprint recorded in a family's file header."""
+    def fingerprint(self, family: str, key: str | None = None) -> dict | None:
+        """The machine a case's stored entry was recorded on (entry_fingerprint); with no key, or no such
+        entry, the file header's."""
         doc = self.docs.get(family)
-        return doc["fingerprint"] if doc else None
+        return entry_fingerprint(doc, doc["entries"].get(key) or {}) if doc else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -202,33 +235,87 @@ def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) ->
 def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint: dict, now: str,
                   updates: Mapping[str, dict]) -> tuple[dict, list[str]]:
     """Return a new document with `updates` (case key -> entry) written over `doc`, and a list of
-    human-readable change lines. Entries not in `updates` are kept as they are; an updated metric keeps
-    the rel_tol a reviewer stored for it."""
-    out = json.loads(json.dumps(doc)) if doc else new_document(hardware_key, family, fingerprint, now)
+    human-readable change lines. Entries not in `updates` are kept as they are, and so is the header's
+    `fingerprint` (see moebench.baselines.schema); each updated entry names the machine it was measured
+    on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
+    proposal's). An updated metric keeps the rel_tol a reviewer stored for it; a stored metric the
+    update does not measure is dropped, and said so."""
+    out = json.loads(json.dumps(doc)) if doc else new_document(hardware_key, family, {}, now)
     changes: list[str] = []
     for key, entry in sorted(updates.items()):
+        entry = _with_machine(out, json.loads(json.dumps(entry)), fingerprint)
         old = out["entries"].get(key)
         if old is not None:
-            for name, m in entry["metrics"].items():
-                if name in old.get("metrics", {}):
-                    m["rel_tol"] = old["metrics"][name]["rel_tol"]
-            for name, m in sorted(entry["metrics"].items()):
-                before = old.get("metrics", {}).get(name, {}).get("value")
-                if before is None:
-                    changes.append(f"  + {key} {name}: {fmt_value(m['value'], m['unit'])}")
-                elif before != m["value"]:
-                    pct = 100.0 * (m["value"] - before) / before if before else float("nan")
-                    changes.append(f"  ~ {key} {name}: {fmt_value(before)} -> {fmt_value(m['value'], m['unit'])} "
-                                   f"({fmt_pct(pct, signed=True)})")
-            if old.get("definition_hash") != entry["definition_hash"]:
-                changes.append(f"  ~ {key}: case definition changed (was STALE)")
+            now_on = out.get("fingerprints", {}).get(entry.get("fingerprint", ""), {})
+            changes.extend(_entry_changes(key, old, entry, entry_fingerprint(out, old), now_on))
         else:
             summary = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(entry["metrics"].items()))
             changes.append(f"  + {key} ({summary})")
         out["entries"][key] = entry
-    out["fingerprint"] = fingerprint
+    _keep_named_fingerprints(out)
     out["updated"] = now
     return out, changes
+
+
+def _with_machine(doc: dict, entry: dict, fingerprint: dict) -> dict:
+    """The entry naming its machine by id, that machine added to the document's `fingerprints`. An entry
+    with no known machine (an empty fingerprint) names none."""
+    fp = entry.pop("fingerprint", None)
+    fp = fp if isinstance(fp, dict) else fingerprint
+    if fp:
+        fid = fingerprint_id(fp)
+        doc.setdefault("fingerprints", {})[fid] = fp
+        entry["fingerprint"] = fid
+    return entry
+
+
+def _keep_named_fingerprints(doc: dict) -> None:
+    """Drop the header's fingerprints no entry names any more (the entries recorded there were re-recorded)."""
+    named = {e.get("fingerprint") for e in doc["entries"].values()}
+    table = {fid: fp for fid, fp in doc.get("fingerprints", {}).items() if fid in named}
+    if table:
+        doc["fingerprints"] = table
+    else:
+        doc.pop("fingerprints", None)
+
+
+def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[str]:
+    """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`), whose
+    metrics take the stored rel_tol."""
+    changes: list[str] = []
+    stored = old.get("metrics", {})
+    for name, m in sorted(entry["metrics"].items()):
+        if name in stored:
+            m["rel_tol"] = stored[name]["rel_tol"]
+        before = stored.get(name, {}).get("value")
+        if before is None:
+            changes.append(f"  + {key} {name}: {fmt_value(m['value'], m['unit'])}")
+        elif before != m["value"]:
+            pct = 100.0 * (m["value"] - before) / before if before else float("nan")
+            changes.append(f"  ~ {key} {name}: {fmt_value(before)} -> {fmt_value(m['value'], m['unit'])} "
+                           f"({fmt_pct(pct, signed=True)})")
+    for name in sorted(set(stored) - set(entry["metrics"])):
+        # a CPU run filed under an H200 key used to drop the entry's graph_us without a word
+        changes.append(f"  - {key} {name}: not measured by this run, dropped from the entry")
+    if old.get("definition_hash") != entry["definition_hash"]:
+        changes.append(f"  ~ {key}: case definition changed (was STALE)")
+    if was and now and machine_name(was) != machine_name(now):
+        changes.append(f"  ~ {key}: recorded on {machine_name(now)} now (was {machine_name(was)})")
+    return changes
+
+
+def looser_tolerances_kept(doc: dict | None, updates: Mapping[str, dict]) -> list[str]:
+    """A line for each updated metric whose stored rel_tol (kept by merge_entries) is wider than the one
+    the case measures with: an update keeps a reviewer's tolerance, and says so when it is a looser one."""
+    lines = []
+    for key, entry in sorted(updates.items()):
+        stored = ((doc or {}).get("entries", {}).get(key) or {}).get("metrics", {})
+        for name, m in sorted(entry["metrics"].items()):
+            kept = stored.get(name, {}).get("rel_tol")
+            if kept is not None and kept > m["rel_tol"]:
+                lines.append(f"  ! {key} {name}: keeps the stored rel_tol {fmt_pct(100 * kept)}, looser than the "
+                             f"case's own {fmt_pct(100 * m['rel_tol'])}")
+    return lines
 
 
 def check_writable(folder: Path, what: str = "baseline folder") -> None:

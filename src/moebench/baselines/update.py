@@ -3,24 +3,26 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from moebench.baselines.schema import validate_file
-from moebench.baselines.store import dumps, family_path, load_file, locked, merge_entries
+from moebench.baselines.store import dumps, family_path, load_file, locked, looser_tolerances_kept, merge_entries
 from moebench.files import atomic_write_text
 from moebench.hardware import now_iso
 
 
 @dataclass
 class Merge:
-    """One baseline file's merge: where it goes, the merged document, its change lines, and whether the
-    target is new (or a proposal), which is written even without a change."""
+    """One baseline file's merge: where it goes, the merged document, its change lines, whether the
+    target is new (or a proposal), which is written even without a change, and notes for the reader that
+    change nothing (a looser tolerance kept, a killed writer's leftovers removed)."""
 
     target: Path
     doc: dict
     changes: list[str]
     new: bool
+    notes: list[str] = field(default_factory=list)
 
 
 def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, source_root: Path | None = None,
@@ -39,12 +41,13 @@ def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, sourc
         for hw, family, fingerprint, entries in sorted(updates, key=lambda u: (u[0], u[1])):
             source = family_path(source_root or root, hw, family)
             target = family_path(root, hw, family)
-            if write:  # a dry run takes no lock (which would make the folder) and writes nothing
-                locks.enter_context(locked(target))
+            # a dry run takes no lock (which would make the folder) and writes nothing
+            notes = locks.enter_context(locked(target)) if write else []
             current = load_file(source, hardware_key=hw, family=family) if source.exists() else None
+            notes = notes + looser_tolerances_kept(current, entries)
             doc, changes = merge_entries(current, hw, family, fingerprint, now, entries)
             validate_file(doc, str(target), hardware_key=hw, family=family)
-            plans.append(Merge(target, doc, changes, current is None or proposal))
+            plans.append(Merge(target, doc, changes, current is None or proposal, notes))
         for m in plans:
             if write and (m.changes or m.new):
                 atomic_write_text(m.target, dumps(m.doc))
@@ -63,8 +66,9 @@ def write_updates(state, *, propose_dir: str | None = None) -> list[str]:
     for m in merges:
         if not m.changes and not m.new:
             lines.append(f"moebench: {m.target}: no change")
-            continue
-        verb = "proposed" if propose_dir else "updated"
-        lines.append(f"moebench: {verb} {m.target} ({len(m.changes)} change{'s' if len(m.changes) != 1 else ''})")
-        lines.extend(m.changes)
+        else:
+            verb = "proposed" if propose_dir else "updated"
+            lines.append(f"moebench: {verb} {m.target} ({len(m.changes)} change{'s' if len(m.changes) != 1 else ''})")
+            lines.extend(m.changes)
+        lines.extend(m.notes)
     return lines

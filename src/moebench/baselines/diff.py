@@ -1,0 +1,88 @@
+"""What changed between two sets of baseline entries, field by field, and which changes loosen the gate.
+
+Pure: entries in, Change records out; `moebench baselines diff` formats them. A change loosens the gate
+when it lets a slower measurement pass that passed no check before: an entry or a metric removed (its
+case or metric no longer gated), a wider tolerance (rel_tol up), a wider noise band (noise up: the gate
+reads a change inside NOISE_FACTOR x noise as AMBIGUOUS), a metric no longer gated, or a flipped
+direction (worse then reads better). A stored noise of 50 switched the gate off for a case, and the diff
+of the time said "0 changed": every field is compared here, also ones this code does not know.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+Key = tuple[str, str, str]  # (hardware key, family, case key)
+
+# Entry fields shown their own way (definition_hash as one phrase, provenance only beside other changes).
+_ENTRY_SPECIAL = ("metrics", "definition_hash", "provenance")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One changed field. `metric` is None for the entry itself or one of its fields; `field` is "added"
+    or "removed" for a whole entry or metric; `looser` says why the change loosens the gate ("" when it
+    does not)."""
+
+    key: Key
+    metric: str | None
+    field: str
+    old: Any = None
+    new: Any = None
+    looser: str = ""
+
+
+def _metric_looser(field: str, old: Any, new: Any) -> str:
+    """Why changing a stored metric's `field` from old to new loosens the gate, or ""."""
+    bigger = isinstance(old, (int, float)) and isinstance(new, (int, float)) and new > old
+    if field == "rel_tol" and bigger:
+        return "wider tolerance"
+    if field == "noise" and bigger:
+        return "wider noise band"
+    if field == "direction":
+        return "direction flipped: worse reads better"
+    if field == "gated" and old is not False and new is False:
+        return "no longer gated"
+    return ""
+
+
+def metric_changes(key: Key, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
+    """Every field of one stored metric that differs; value first, then the others by name."""
+    if old is None:
+        return [Change(key, name, "added", None, dict(new or {}))]
+    if new is None:
+        return [Change(key, name, "removed", dict(old), None, "metric no longer gated")]
+    fields = sorted(set(old) | set(new), key=lambda f: (f != "value", f))
+    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old.get(f), new.get(f)))
+            for f in fields if old.get(f) != new.get(f)]
+
+
+def entry_changes(key: Key, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
+    """Every change between two versions of one stored entry (None: the entry does not exist there)."""
+    if old is None:
+        return [Change(key, None, "added", None, dict(new or {}))]
+    if new is None:
+        return [Change(key, None, "removed", dict(old), None, "entry removed: the case is no longer gated")]
+    out: list[Change] = []
+    om, nm = old.get("metrics") or {}, new.get("metrics") or {}
+    for name in sorted(set(om) | set(nm)):
+        out += metric_changes(key, name, om.get(name), nm.get(name))
+    if old.get("definition_hash") != new.get("definition_hash"):
+        out.append(Change(key, None, "definition_hash", old.get("definition_hash"), new.get("definition_hash")))
+    for f in sorted((set(old) | set(new)) - set(_ENTRY_SPECIAL)):
+        if old.get(f) != new.get(f):
+            out.append(Change(key, None, f, old.get(f), new.get(f)))
+    if out and old.get("provenance") != new.get("provenance"):
+        out.append(Change(key, None, "provenance", old.get("provenance"), new.get("provenance")))
+    return out
+
+
+def diff(a: Mapping[Key, Mapping[str, Any]], b: Mapping[Key, Mapping[str, Any]]) -> dict[Key, list[Change]]:
+    """Key -> its changes from `a` to `b`, for every key of either side (an empty list: unchanged)."""
+    return {k: entry_changes(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b))}
+
+
+def loosening(changes: Mapping[Key, list[Change]]) -> list[Change]:
+    """The changes that loosen the gate."""
+    return [c for cs in changes.values() for c in cs if c.looser]
