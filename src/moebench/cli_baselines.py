@@ -95,10 +95,16 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
         rows = []
         for k in keys:
             e = doc["entries"][k]
+            # runs: independent runs x machines ("3x1"); "-" for an entry recorded before it said
+            runs = f"{e['independent_runs']}x{len(e.get('machines') or ())}" if "independent_runs" in e else "-"
             for name, m in sorted(e["metrics"].items()):
-                rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"], fmt_pct(100 * m["rel_tol"]),
-                             fmt_pct(100 * m["noise"]), str(m["n"]), _provenance(e["provenance"])])
-        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "n", "provenance"], rows, right=(2, 4, 5, 6)))
+                between = m.get("noise_machines")
+                rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"],
+                             "cliff" if m.get("gate") == "cliff" else fmt_pct(100 * m["rel_tol"]),
+                             fmt_pct(100 * m["noise"]), fmt_pct(100 * between) if between is not None else "-",
+                             str(m["n"]), runs, _provenance(e["provenance"])])
+        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "machines", "n", "runs", "provenance"],
+                    rows, right=(2, 4, 5, 6, 7, 8)))
         print()
     return EXIT_OK
 
