@@ -193,3 +193,13 @@ def test_check_names_a_dependency_neither_carried_in_the_image_nor_skipped(built
     assert stage.main(["check", str(noskip), "--image", str(image), "--find-links", str(root / "index")]) == 1
     out = capsys.readouterr().out
     assert "missing: skipme (tinya needs skipme)" in out and "pywin32" not in out and "requests" not in out.split("missing")[-1]
+
+
+def test_parts_joined_in_the_wrong_order_fail_the_whole_bundle_hash(built, tmp_path, capsys):
+    _, out, m = built
+    p = send(tmp_path / "p", out, [x["file"] for x in m["parts"]])
+    doc = json.loads((p / "manifest.json").read_text())
+    doc["parts"][0], doc["parts"][1] = doc["parts"][1], doc["parts"][0]  # each part still matches its own hash
+    (p / "manifest.json").write_text(json.dumps(doc))
+    assert stage.main(["receive", str(p), "--keep", str(tmp_path / "keep"), "--target", str(tmp_path / "site")]) == 1
+    assert "the joined parts hash to" in capsys.readouterr().err and not (tmp_path / "site").exists()
