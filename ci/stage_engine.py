@@ -285,16 +285,29 @@ def install(keep: Path, target: Path) -> int:
         if proc.returncode != 0:
             raise StageError("pip install failed: " + " | ".join(proc.stderr.strip().splitlines()[-3:]), code=1)
     print(f"{manifest['engine']}: {len(wheels)} wheels installed into {target}")
+    path = os.pathsep.join([str(target)] + pth_paths(target))
     for module in manifest.get("imports", []):
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(target)] + [os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         proc = subprocess.run([sys.executable, "-c", f"import {module} as m; print(getattr(m, '__version__', ''))"],
                               capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
             raise StageError(f"import {module} from {target} failed: {last}", code=1)
         print(f"import {module}: ok {proc.stdout.strip()}")
-    print(f"ready: export PYTHONPATH={target}")
+    print(f"ready: export PYTHONPATH={path}")
     return 0
+
+
+def pth_paths(target: Path) -> list[str]:
+    """The folders the target's .pth files add (a site folder would process them; a PYTHONPATH entry does
+    not): e.g. CuTe DSL's nvidia_cutlass_dsl/python_packages. `import` lines are not run."""
+    out = []
+    for pth in sorted(target.glob("*.pth")):
+        for line in pth.read_text(errors="replace").splitlines():
+            line = line.strip()
+            if line and not line.startswith(("#", "import ", "import\t")) and (target / line).is_dir():
+                out.append(str(target / line))
+    return out
 
 
 def requirements_of(wheel: Path) -> list[str]:

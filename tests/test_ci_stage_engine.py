@@ -55,9 +55,11 @@ def built(tmp_path_factory):
     wheels.mkdir()
     make_wheel(wheels, "tinya", "1.0", {"tinya/__init__.py": b"__version__ = 'a1'\n", "tinya/pad.bin": PAD},
                requires=["tiny.b", "requests>=2", "pywin32; sys_platform == 'win32'", "skipme"])
-    make_wheel(wheels, "tiny_b", "2.0", {"tiny_b/__init__.py": b"X = 2\n", "tiny_b/big/blob.bin": PAD})
+    # tiny_b's module lives in a folder that only its .pth file puts on the path (as CuTe DSL's does)
+    make_wheel(wheels, "tiny_b", "2.0", {"tiny_b.pth": b"tiny_b_pkgs\n", "tiny_b_pkgs/tiny_b/__init__.py": b"X = 2\n",
+                                         "tiny_b_pkgs/tiny_b/big/blob.bin": PAD})
     listing = root / "tiny-1.txt"
-    listing.write_text("# two tiny wheels\nimport: tinya\nimport: tiny_b\ntinya==1.0\ntiny-b==2.0 drop=tiny_b/big/*\n"
+    listing.write_text("# two tiny wheels\nimport: tinya\nimport: tiny_b\ntinya==1.0\ntiny-b==2.0 drop=tiny_b_pkgs/tiny_b/big/*\n"
                        "skip: skipme  not imported on the decode path\n")
     out = root / "out"
     assert stage.main(["build", str(listing), "--out", str(out), "--part-size", "4K", "--find-links", str(wheels)]) == 0
@@ -93,11 +95,13 @@ def test_parts_received_out_of_order_install_and_import(built, tmp_path, capsys)
     said = capsys.readouterr().out
     assert "2 wheels installed" in said and "import tinya: ok a1" in said and "import tiny_b: ok" in said
     assert (target / "tinya" / "pad.bin").exists()
-    assert not (target / "tiny_b" / "big").exists()  # the dropped member never travelled
+    assert not (target / "tiny_b_pkgs" / "tiny_b" / "big").exists()  # the dropped member never travelled
     record = next(target.glob("tiny_b-2.0.dist-info")).joinpath("RECORD").read_text()
     assert "big/blob.bin" not in record
+    assert f"ready: export PYTHONPATH={target}:{target / 'tiny_b_pkgs'}" in said
     code = "import tinya, tiny_b; print(tinya.__version__, tiny_b.X)"
-    run = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": str(target)}, capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-c", code], env={"PYTHONPATH": f"{target}:{target / 'tiny_b_pkgs'}"},
+                         capture_output=True, text=True)
     assert run.stdout.split() == ["a1", "2"]
 
 
