@@ -7,17 +7,16 @@ enough for whatever carries files to the runner (--part-size, default 60 MiB). A
 sha256 of every wheel, every part and the whole bundle. On the runner, `receive` keeps the parts that
 arrive (in any order, over several transfers), checks each against the manifest, and once all are there
 checks the whole bundle, then installs it into a target folder (pip --no-index --no-deps --target)
-and imports the engine's module as a check. Stdlib only on the runner (pip is used, not imported).
+and imports the engine's module as a check. The runner needs python3, pip and packaging only.
 
     ci/stage_engine.py build ci/engines/sglang-0.5.15.txt           # here: .stage/sglang-0.5.15/
     ci/stage_engine.py next .stage/sglang-0.5.15                    # the next part into .stage/p/
     python3 ci/stage_engine.py receive .stage/p --target /tmp/site  # there, once per transfer
     ci/stage_engine.py check ci/engines/sglang-0.5.15.txt --image ci/engines/gpu-image-packages.txt
 
-Engine list lines: `name==version` (optionally ` drop=GLOB[,GLOB]`: members left out of that wheel),
-`import: module` (the check after installing), `skip: name  reason` (a dependency deliberately not
-carried), `# comments`. Exit codes: 0 done (or a part kept), 1 a check failed (hash, a missing
-dependency), 2 bad input, each as one line naming the file, part or option.
+Engine list lines: `name==version [drop=GLOB,...]` (members left out of that wheel), `import: module`
+(checked after installing), `skip: name  reason` (a dependency deliberately not carried), `# comment`.
+Exit codes: 0 done or a part kept, 1 a failed check, 2 bad input; errors are one line naming the file.
 """
 
 from __future__ import annotations
@@ -35,6 +34,8 @@ import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement  # pip's own; the GPU image has it too
 
 MANIFEST = "manifest.json"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (35, 34, 31, 28, 27, 26, 24, 17, 5)] + [
@@ -67,9 +68,9 @@ def sha256(path: Path) -> str:
 def parse_size(text: str) -> int:
     """'60M', '512K', '1048576' -> bytes (K and M are binary: KiB, MiB)."""
     m = re.fullmatch(r"(\d+)([KMG]?)i?B?", text.strip(), re.I)
-    if not m or int(m[1]) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 60M, 512K or 1048576")
-    return int(m[1]) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2].upper()]
+    if m and int(m[1]):
+        return int(m[1]) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m[2].upper()]
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 60M, 512K or 1048576")
 
 
 def read_list(path: Path) -> dict:
@@ -107,7 +108,7 @@ def download(pins: list, dest: Path, python_version: str, find_links: str | None
     """pip download every pin (no dependencies: the list names them all) for the runner's platform."""
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version",
            python_version, "--implementation", "cp", "-d", str(dest)]
-    cmd += [a for p in PLATFORMS for a in ("--platform", p)]
+    cmd += [a for p in PLATFORMS for a in ("--platform", p)]  # pip matches manylinux_2_N exactly
     if find_links:
         cmd += ["--no-index", "--find-links", find_links]
     proc = subprocess.run(cmd + [f"{n}=={v}" for n, v, _ in pins], capture_output=True, text=True)
@@ -139,11 +140,12 @@ def drop_members(wheel: Path, globs: list[str]) -> int:
             for info in zin.infolist():
                 if info.filename in gone:
                     continue
-                data = zin.read(info.filename)
                 if info.filename.endswith(".dist-info/RECORD"):
-                    data = b"".join(ln for ln in data.splitlines(keepends=True)
-                                    if ln.split(b",", 1)[0].decode() not in gone)
-                zout.writestr(info, data)
+                    zout.writestr(info, b"".join(ln for ln in zin.read(info).splitlines(keepends=True)
+                                                 if ln.split(b",", 1)[0].decode() not in gone))
+                    continue
+                with zin.open(info) as src, zout.open(info, "w", force_zip64=True) as dst:  # streamed: GB members
+                    shutil.copyfileobj(src, dst, 1 << 20)
     os.replace(tmp, wheel)
     return len(gone)
 
@@ -152,7 +154,7 @@ def build(args: argparse.Namespace) -> int:
     """Download, pack, split, and write the manifest into OUT (default .stage/<list name>)."""
     spec = read_list(Path(args.list))
     out = Path(args.out or Path(".stage") / spec["name"])
-    work = out / "wheels"
+    work = out / "wheels"  # a fresh stage folder every time
     shutil.rmtree(out, ignore_errors=True)
     work.mkdir(parents=True)
     download(spec["pins"], work, args.python_version, args.find_links)
@@ -177,17 +179,15 @@ def build(args: argparse.Namespace) -> int:
     bundle.unlink()
     shutil.rmtree(work)
     (out / "next").write_text("0\n")
-    mib = manifest["bundle_bytes"] / (1 << 20)
-    print(f"{spec['name']}: {len(wheels)} wheels, {mib:.0f} MiB in {len(parts)} parts of at most "
+    print(f"{spec['name']}: {len(wheels)} wheels, {manifest['bundle_bytes'] / (1 << 20):.0f} MiB in {len(parts)} parts of at most "
           f"{args.part_size / (1 << 20):.0f} MiB in {out}; now: {Path(sys.argv[0]).name} next {out}")
     return 0
 
 
 def next_part(args: argparse.Namespace) -> int:
     """Copy the next part and the manifest into SEND (emptied first): what one transfer carries."""
-    stage, send = Path(args.stage), Path(args.send)
+    stage, send, counter = Path(args.stage), Path(args.send), Path(args.stage) / "next"
     manifest = load_manifest(stage)
-    counter = stage / "next"
     i = 0 if args.from_start or not counter.exists() else int(counter.read_text())
     total = len(manifest["parts"])
     if i >= total:
@@ -220,27 +220,30 @@ def receive(args: argparse.Namespace) -> int:
     manifest = load_manifest(send)
     keep.mkdir(parents=True, exist_ok=True)
     kept_path = keep / MANIFEST
-    if kept_path.exists():
-        kept = load_manifest(keep)
-        if kept["bundle_sha256"] != manifest["bundle_sha256"]:
-            raise StageError(f"{send}/{MANIFEST}: a part of another bundle ({manifest['engine']} "
-                             f"{manifest['bundle_sha256'][:12]}) than the one kept in {keep} ({kept['engine']} "
-                             f"{kept['bundle_sha256'][:12]}); empty {keep} to start over")
+    kept = load_manifest(keep) if kept_path.exists() else manifest
+    if kept["bundle_sha256"] != manifest["bundle_sha256"]:
+        raise StageError(f"{send}/{MANIFEST}: a part of another bundle ({manifest['engine']} "
+                         f"{manifest['bundle_sha256'][:12]}) than the one kept in {keep} ({kept['engine']} "
+                         f"{kept['bundle_sha256'][:12]}); empty {keep} to start over")
     expected = {p["file"]: p for p in manifest["parts"]}
-    arrived = sorted(p.name for p in send.iterdir() if p.name != MANIFEST)
-    for name in arrived:
+    for name in sorted(p.name for p in send.iterdir() if p.name != MANIFEST):
         if name not in expected:
             raise StageError(f"{send / name}: not a part of {manifest['engine']} (its parts: "
                              f"{manifest['parts'][0]['file']} ... {manifest['parts'][-1]['file']})")
         check_part(send / name, expected[name])
         shutil.copy2(send / name, keep / name)
     shutil.copy2(send / MANIFEST, kept_path)
-    missing = [p["file"] for p in manifest["parts"] if not (keep / p["file"]).exists()]
+    missing = missing_parts(keep, manifest)
     print(f"{manifest['engine']}: {len(manifest['parts']) - len(missing)} of {len(manifest['parts'])} parts in {keep}"
           + (f"; still to come: {', '.join(missing)}" if missing else ""))
     if missing:
         return 0
     return install(keep, Path(args.target))
+
+
+def missing_parts(keep: Path, manifest: dict) -> list[str]:
+    """The manifest's parts not (yet) in keep."""
+    return [p["file"] for p in manifest["parts"] if not (keep / p["file"]).exists()]
 
 
 def check_part(path: Path, entry: dict) -> None:
@@ -255,7 +258,7 @@ def check_part(path: Path, entry: dict) -> None:
 def install(keep: Path, target: Path) -> int:
     """Check every kept part and the joined bundle, unpack the wheels and pip-install them into target."""
     manifest = load_manifest(keep)
-    missing = [p["file"] for p in manifest["parts"] if not (keep / p["file"]).exists()]
+    missing = missing_parts(keep, manifest)
     if missing:
         raise StageError(f"{keep}: the bundle is incomplete: missing {', '.join(missing)} "
                          f"({len(missing)} of {len(manifest['parts'])} parts)", code=1)
@@ -266,8 +269,7 @@ def install(keep: Path, target: Path) -> int:
                 check_part(keep / p["file"], p)
                 with open(keep / p["file"], "rb") as f:
                     shutil.copyfileobj(f, out)
-        got = sha256(bundle)
-        if got != manifest["bundle_sha256"]:
+        if (got := sha256(bundle)) != manifest["bundle_sha256"]:
             raise StageError(f"{keep}: the joined parts hash to {got[:16]}..., the manifest says "
                              f"{manifest['bundle_sha256'][:16]}...", code=1)
         with tarfile.open(bundle) as tar:
@@ -288,8 +290,8 @@ def install(keep: Path, target: Path) -> int:
     path = os.pathsep.join([str(target)] + pth_paths(target))
     for module in manifest.get("imports", []):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        proc = subprocess.run([sys.executable, "-c", f"import {module} as m; print(getattr(m, '__version__', ''))"],
-                              capture_output=True, text=True, env=env)
+        code = f"import {module} as m; print(getattr(m, '__version__', ''))"
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
         if proc.returncode != 0:
             last = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
             raise StageError(f"import {module} from {target} failed: {last}", code=1)
@@ -299,8 +301,7 @@ def install(keep: Path, target: Path) -> int:
 
 
 def pth_paths(target: Path) -> list[str]:
-    """The folders the target's .pth files add (a site folder would process them; a PYTHONPATH entry does
-    not): e.g. CuTe DSL's nvidia_cutlass_dsl/python_packages. `import` lines are not run."""
+    """Folders the target's .pth files add (as a site folder would; a PYTHONPATH entry does not)."""
     out = []
     for pth in sorted(target.glob("*.pth")):
         for line in pth.read_text(errors="replace").splitlines():
@@ -321,18 +322,15 @@ def requirements_of(wheel: Path) -> list[str]:
 def check(args: argparse.Namespace) -> int:
     """Every dependency of the listed wheels (markers evaluated for the runner: Linux x86_64, CPython of
     --python-version, no extras) must be in the list, in the image's package list, or a `skip:` line."""
-    from packaging.requirements import InvalidRequirement, Requirement  # the connected side only
-
     spec = read_list(Path(args.list))
     try:
         image = {norm(ln.split("#")[0].strip()) for ln in Path(args.image).read_text().splitlines() if ln.split("#")[0].strip()}
     except OSError as e:
         raise StageError(f"{args.image}: cannot read: {e.strerror or e}") from None
     bundled = {norm(n) for n, _, _ in spec["pins"]}
-    env = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux",
-           "python_version": args.python_version, "python_full_version": args.python_version + ".0",
-           "implementation_name": "cpython", "platform_python_implementation": "CPython", "os_name": "posix",
-           "extra": ""}
+    env = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux", "os_name": "posix",
+           "python_version": args.python_version, "python_full_version": args.python_version + ".0", "extra": "",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython"}
     with tempfile.TemporaryDirectory() as tmp:
         download(spec["pins"], Path(tmp), args.python_version, args.find_links)
         missing: dict[str, list[str]] = {}
@@ -382,10 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--keep", default="/root/stage-engine", metavar="DIR",
                        help="where parts accumulate between transfers (default /root/stage-engine)")
         q.add_argument("--target", default="/tmp/site", metavar="DIR", help="install folder (default /tmp/site)")
-    b.set_defaults(func=build)
-    c.set_defaults(func=check)
-    n.set_defaults(func=next_part)
-    r.set_defaults(func=receive)
+    for q, func in ((b, build), (c, check), (n, next_part), (r, receive)):
+        q.set_defaults(func=func)
     i.set_defaults(func=lambda a: install(Path(a.keep), Path(a.target)))
     return p
 
