@@ -107,7 +107,6 @@ def test_bad_fields_are_one_line_naming_the_field(tmp_path, extra, needle):
     (MINIMAL.replace('"vllm"', '"trt"'), "engine: must be one of vllm, vllm-server, sglang-server or an http(s):// URL"),
     (MINIMAL.replace('"tiny"', '"no-such-config"'), "neither a shipped config"),
     (MINIMAL + MINIMAL, "name used twice"),
-    (MINIMAL.replace('"vllm"', '"sglang-server"'), "sglang-server needs a checkpoint with a tokenizer"),
     ("[[scenario]\n", "invalid TOML"),
 ])
 def test_bad_files_are_one_line(tmp_path, text, needle):

@@ -94,9 +94,14 @@ def server_command(case: DecodeCase, model_dir: Path, port: int, python: str = s
                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype, "--context-length", str(max_model_len(case)),
                "--max-running-requests", "1", "--mem-fraction-static", str(s.gpu_memory_fraction),
-               "--moe-runner-backend", s.moe_backend, "--disable-radix-cache", "--random-seed", "0"]
+               "--moe-runner-backend", s.moe_backend, "--disable-radix-cache", "--random-seed", "0",
+               # no constrained decoding here: no grammar backend to import (xgrammar is not staged)
+               "--grammar-backend", "none"]
         if dummy:
             cmd += ["--load-format", "dummy"]
+        if not models.has_tokenizer(model_dir):
+            # token-id prompts through the native /generate (sglang_engine.py): no tokenizer needed
+            cmd += ["--skip-tokenizer-init"]
         if s.quantization:
             cmd += ["--quantization", s.quantization]
         if s.attention_backend != "auto":
