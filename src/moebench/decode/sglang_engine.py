@@ -109,8 +109,8 @@ class SGLangServerEngine(ServerEngine):
         if status != 200:
             raise self._fail(f"profiled trial: POST /start_profile answered HTTP {status}: {text.strip()[:300]}")
         self.trial(index, prompt, steps + PROFILE_EXTRA_TOKENS, warmup=True)
-        deadline, seen, why = time.monotonic() + timeout, None, ""
-        while time.monotonic() <= deadline:
+        deadline, seen = time.monotonic() + timeout, None
+        while True:
             try:
                 trace = find_decode_trace(self.profile_dir)
                 now = (trace, trace.stat().st_size)
@@ -119,8 +119,9 @@ class SGLangServerEngine(ServerEngine):
                 seen, why = now, f"{trace} was still being written"
             except TraceError as e:
                 why = str(e)
+            if time.monotonic() > deadline:
+                raise self._fail(f"profiled trial: {why} after {timeout:.0f} s")
             sleep(0.5)
-        raise self._fail(f"profiled trial: {why} after {timeout:.0f} s")
 
 
 def read_breakdown(trace: Path, steps: int) -> Breakdown:
