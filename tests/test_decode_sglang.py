@@ -231,6 +231,24 @@ def test_the_profiled_trial_asks_for_decode_steps_by_stage_and_finds_the_trace(t
     assert find_decode_trace(tmp_path / "prof") == trace
 
 
+def test_a_trace_still_being_written_is_waited_for(tmp_path):
+    half = tmp_path / "half.json"
+    half.write_bytes(TRACE.read_bytes()[:2000])  # what the scheduler has written when the request ends
+    server = _Server(_events(), trace=half)
+    engine = SGLangServerEngine(server.url, start_timeout=5, trial_timeout=5, profile_dir=tmp_path / "prof")
+    sleeps = []
+
+    def sleep(s):  # the scheduler finishes the file while we wait
+        sleeps.append(s)
+        shutil.copy(TRACE, tmp_path / "prof" / "moebench-TP-0-DECODE.trace.json.gz")
+
+    try:
+        trace = engine.profile(4, [11], 4, timeout=5, sleep=sleep)
+    finally:
+        server.close()
+    assert len(sleeps) >= 2 and read_breakdown(trace, 4).steps == 3
+
+
 def test_a_profiler_that_refuses_or_writes_nothing_fails_the_trial_with_one_line(tmp_path):
     server = _Server(_events(), profile_status=500)
     engine = SGLangServerEngine(server.url, start_timeout=5, trial_timeout=5, profile_dir=tmp_path / "prof")
