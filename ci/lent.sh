@@ -95,12 +95,7 @@ fi
 [ -n "$site" ] || { [ -d /tmp/site ] && site=/tmp/site; }
 # A PYTHONPATH entry does not read .pth files: the folders they add go on it too (CuTe DSL's, for SGLang).
 site_path=$site
-for pth in ${site:+"$site"/*.pth}; do
-  [ -f "$pth" ] || continue
-  while read -r line; do
-    case "$line" in ''|'#'*|import*) ;; *) [ -d "$site/$line" ] && site_path="$site_path:$site/$line" ;; esac
-  done <"$pth"
-done
+[ -z "$site" ] || site_path=$(PYTHONPATH="$root/src" "$py" -m moebench.sites "$site") || die "cannot read --site $site"
 export PYTHONPATH="$root/src${site_path:+:$site_path}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 [ "$dry" = 1 ] && echo "PYTHONPATH=$PYTHONPATH"
 # NVLink multicast stays off on shared hosts (see the device notes).

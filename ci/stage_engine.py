@@ -37,6 +37,9 @@ from pathlib import Path
 
 from packaging.requirements import InvalidRequirement, Requirement  # pip's own; the GPU image has it too
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's moebench (stdlib only here)
+from moebench.sites import site_paths  # noqa: E402
+
 MANIFEST = "manifest.json"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (35, 34, 31, 28, 27, 26, 24, 17, 5)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64"]
@@ -287,7 +290,7 @@ def install(keep: Path, target: Path) -> int:
         if proc.returncode != 0:
             raise StageError("pip install failed: " + " | ".join(proc.stderr.strip().splitlines()[-3:]), code=1)
     print(f"{manifest['engine']}: {len(wheels)} wheels installed into {target}")
-    path = os.pathsep.join([str(target)] + pth_paths(target))
+    path = os.pathsep.join(site_paths(target))
     for module in manifest.get("imports", []):
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([path, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         code = f"import {module} as m; print(getattr(m, '__version__', ''))"
@@ -299,16 +302,6 @@ def install(keep: Path, target: Path) -> int:
     print(f"ready: export PYTHONPATH={path}")
     return 0
 
-
-def pth_paths(target: Path) -> list[str]:
-    """Folders the target's .pth files add (as a site folder would; a PYTHONPATH entry does not)."""
-    out = []
-    for pth in sorted(target.glob("*.pth")):
-        for line in pth.read_text(errors="replace").splitlines():
-            line = line.strip()
-            if line and not line.startswith(("#", "import ", "import\t")) and (target / line).is_dir():
-                out.append(str(target / line))
-    return out
 
 
 def requirements_of(wheel: Path) -> list[str]:

@@ -64,6 +64,24 @@ def test_the_users_checkpoint_case_keeps_its_definition_without_a_breakdown_map(
     assert "breakdown_map" not in users.definition()  # its stored external entry stays comparable
 
 
+def test_sglangs_own_site_goes_first_on_its_path_only_with_the_folders_its_pth_files_add(tmp_path):
+    from moebench.decode.runner import why_not_here
+
+    site = tmp_path / "site-sglang"
+    (site / "nvidia_cutlass_dsl" / "python_packages").mkdir(parents=True)
+    (site / "nvidia_cutlass_dsl.pth").write_text("nvidia_cutlass_dsl/python_packages\n")
+    base = {"PYTHONPATH": "/tmp/site", commands.SGLANG_SITE_ENV: str(site)}
+    path = commands.engine_env(_case(), base=base)["PYTHONPATH"].split(":")
+    assert path[1:] == [str(site), str(site / "nvidia_cutlass_dsl" / "python_packages"), "/tmp/site"]
+    [vllm] = [s for s in load_scenarios(REPO / "benchmarks" / "decode_scenarios.toml") if s.name == "kimi-k2.5-int4-rank"]
+    assert str(site) not in commands.engine_env(DecodeCase(vllm, "vllm"), base=base)["PYTHONPATH"]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(commands.SGLANG_SITE_ENV, str(site))
+        assert why_not_here(_case(), "nvidia-h200-x1") == f"needs SGLang: {commands.SGLANG_SITE_ENV}={site} holds no `sglang` package"
+        (site / "sglang").mkdir()
+        assert why_not_here(_case(), "nvidia-h200-x1") is None
+
+
 # --- the log -------------------------------------------------------------------------------------------------
 def test_the_log_names_the_marlin_moe_method_and_the_default_attention_backend():
     ch = engine_log.choices(LOG)

