@@ -187,7 +187,7 @@ def test_vllm_server_command_pins_everything():
 
 
 def test_sglang_command_uses_moe_runner_backend():
-    s = [x for x in load_scenarios(SHIPPED) if x.engines == ("sglang-server",)][0]
+    s = [x for x in load_scenarios(SHIPPED) if x.name == "glm-5-nvfp4-tp8-sglang"][0]
     cmd = commands.server_command(DecodeCase(s, "sglang-server"), Path("/ckpt"), 30000, python="python3")
     joined = " ".join(cmd)
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
