@@ -15,6 +15,8 @@
 #     gemm-triton              -m "gemm and (triton or triton_rows4)" (this machine's sweep winners applied first)
 #     gemm-vllm                -m "gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)"
 #     decode                   -m decode
+#     decode-engines           -m "decode and (vllm or sglang)": vLLM and SGLang side by side (SGLang staged
+#                              with ci/stage_engine.py into --site: docs/sglang.md)
 #     allreduce                -m allreduce, on every GPU (nvidia-smi topo -m kept beside the results)
 #     allreduce-vllm-custom-ar records -m "allreduce and vllm_custom_ar", gates all of -m allreduce
 #     triton-sweep             the Triton MoE config sweep (SWEEP_ARGS narrow it, e.g. "--dtypes bf16 --ms 1,2");
@@ -76,6 +78,7 @@ case "$phase" in
   gemm-triton) family=gemm rec="gemm and (triton or triton_rows4)" gate="$rec" ;;
   gemm-vllm) family=gemm rec="gemm and (vllm_triton or vllm_marlin or flashinfer_cutlass)" gate="$rec" ;;
   decode) family=decode rec="decode" gate="decode" ;;
+  decode-engines) family=decode rec="decode and (vllm or sglang)" gate="$rec" ;;
   allreduce) family=allreduce rec="allreduce" gate="allreduce" ;;
   allreduce-vllm-custom-ar) family=allreduce rec="allreduce and vllm_custom_ar" gate="allreduce" ;;
   triton-sweep|triton-profile) family="" rec="" gate="" ;;
@@ -90,7 +93,11 @@ if [ "$pass" != gate ] && [ -n "$family" ] && [ -z "${MOEBENCH_COMMIT:-}" ] \
 fi
 
 [ -n "$site" ] || { [ -d /tmp/site ] && site=/tmp/site; }
-export PYTHONPATH="$root/src${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+# A PYTHONPATH entry does not read .pth files: the folders they add go on it too (CuTe DSL's, for SGLang).
+site_path=$site
+[ -z "$site" ] || site_path=$(PYTHONPATH="$root/src" "$py" -m moebench.sites "$site") || die "cannot read --site $site"
+export PYTHONPATH="$root/src${site_path:+:$site_path}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
+[ "$dry" = 1 ] && echo "PYTHONPATH=$PYTHONPATH"
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # History and pytest-benchmark storage live with the scratch baselines: the gate pass is compared with

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PHASES = ("selfcheck", "gemm", "gemm-torch", "gemm-triton", "gemm-vllm", "decode", "allreduce",
+PHASES = ("selfcheck", "gemm", "gemm-torch", "gemm-triton", "gemm-vllm", "decode", "decode-engines", "allreduce",
           "allreduce-vllm-custom-ar", "triton-sweep", "triton-profile")
 
 
@@ -95,3 +95,14 @@ def test_selfcheck_phase_records_then_gates_against_the_record(tmp_path):
     assert "selfcheck[copy-64MiB-cpu]" in json.loads(recorded.read_text())["entries"]
     assert (out / "summary.md").exists() and (out / "selfcheck-both.tgz").exists()
     assert {p: p.read_bytes() for p in (REPO / "baselines").rglob("*.json")} == committed
+
+
+def test_the_folders_a_staged_sites_pth_files_add_go_on_pythonpath(tmp_path):
+    site = tmp_path / "site"
+    (site / "nvidia_cutlass_dsl" / "python_packages").mkdir(parents=True)
+    (site / "nvidia_cutlass_dsl.pth").write_text("# CuTe DSL\nnvidia_cutlass_dsl/python_packages\nimport os\nmissing/dir\n")
+    r = lent(tmp_path, "decode-engines", "--dry-run", "--site", str(site), "--scratch", str(tmp_path / "s"),
+             MOEBENCH_COMMIT="abc1234")
+    [line] = [ln for ln in r.stdout.splitlines() if ln.startswith("PYTHONPATH=")]
+    assert line.split("=", 1)[1].split(":")[1:3] == [str(site), str(site / "nvidia_cutlass_dsl" / "python_packages")]
+    assert r"--markers decode\ and\ \(vllm\ or\ sglang\)" in r.stdout

@@ -1,6 +1,6 @@
-"""ci/planted: the vLLM plugin that slows the routed experts on purpose, to prove the decode gate fails.
-Checked here with a stand-in for vllm._custom_ops: the right share of extra Marlin calls, results
-untouched, discoverable as a vLLM general plugin, and inert unless asked for."""
+"""ci/planted: the vLLM and SGLang plugin that slows the routed experts on purpose, to prove the decode gate
+fails. Checked here with stand-ins for vllm._custom_ops and SGLang's fused_marlin_moe module: the right share
+of extra Marlin calls, results untouched, discoverable as a plugin of each engine, and inert unless asked for."""
 
 from __future__ import annotations
 
@@ -61,3 +61,29 @@ def test_it_is_a_vllm_general_plugin_on_pythonpath():
     dist = metadata.PathDistribution(PLANTED / "moebench_planted-0.1.dist-info")
     [ep] = [e for e in dist.entry_points if e.group == "vllm.general_plugins"]
     assert ep.value == "moebench_planted:register"
+
+
+def test_sglang_gets_the_same_plant_on_its_fused_marlin_moe_module(monkeypatch):
+    calls = []
+
+    def gemm(a, c_or_none, *rest, **kw):  # SGLang 0.5.15: the output buffer is the second positional argument
+        calls.append(c_or_none)
+        return ("result", a)
+
+    names = ["sglang", "sglang.srt", "sglang.srt.layers", "sglang.srt.layers.moe", "sglang.srt.layers.moe.fused_moe_triton"]
+    mods = {n: types.ModuleType(n) for n in names + [names[-1] + ".fused_marlin_moe"]}
+    for parent, child in zip(list(mods)[:-1], list(mods)[1:]):
+        setattr(mods[parent], child.rsplit(".", 1)[1], mods[child])
+    marlin = mods[names[-1] + ".fused_marlin_moe"]
+    marlin.moe_wna16_marlin_gemm = gemm
+    for n, m in mods.items():
+        monkeypatch.setitem(sys.modules, n, m)
+    monkeypatch.syspath_prepend(str(PLANTED))
+    monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
+    monkeypatch.setenv("MOEBENCH_PLANT_EXPERTS", "0.25")
+    importlib.import_module("moebench_planted").register_sglang()
+    outs = [marlin.moe_wna16_marlin_gemm(f"x{i}", f"buf{i}", "w", moe_block_size=16) for i in range(16)]  # 8 layers
+    assert outs == [("result", f"x{i}") for i in range(16)] and len(calls) == 16 + 4 and calls.count(None) == 4
+    dist = metadata.PathDistribution(PLANTED / "moebench_planted-0.1.dist-info")
+    [ep] = [e for e in dist.entry_points if e.group == "sglang.srt.plugins"]
+    assert ep.value == "moebench_planted:register_sglang"

@@ -1,15 +1,16 @@
-"""A deliberate slowdown of vLLM's routed-expert kernel, to prove the decode gate can fail.
+"""A deliberate slowdown of vLLM's or SGLang's routed-expert kernel, to prove the decode gate can fail.
 
-This is a vLLM general plugin (entry point `vllm.general_plugins`), loaded by every vLLM process when
-this folder is on PYTHONPATH: the way a real kernel regression arrives (a patched or upgraded engine),
-from outside the case definition. With MOEBENCH_PLANT_EXPERTS=F (a fraction, e.g. 0.10) it runs the
+This is a vLLM general plugin (entry point `vllm.general_plugins`) and an SGLang plugin (entry point
+`sglang.srt.plugins`), loaded by every engine process when this folder is on PYTHONPATH: the way a real
+kernel regression arrives (a patched or upgraded engine), from outside the case definition. With MOEBENCH_PLANT_EXPERTS=F (a fraction, e.g. 0.10) it runs the
 Marlin MoE GEMMs of one MoE layer in every round(1/F) a second time into a scratch output, so the routed
 experts' GPU time grows by about F while every result stays what it was (the second call's output is
 discarded). Unset, it does nothing.
 
     PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m decode -k "int4 and not server"
+    PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m "decode and sglang" -k int4
 
-The calls happen inside vLLM's CUDA-graph capture too, so the extra kernels are part of every replay.
+The calls happen inside the engine's CUDA-graph capture too, so the extra kernels are part of every replay.
 """
 
 from __future__ import annotations
@@ -19,15 +20,35 @@ import os
 
 def register() -> None:
     """vLLM calls this in each of its processes (general plugin)."""
-    frac = float(os.environ.get("MOEBENCH_PLANT_EXPERTS", "0") or 0)
-    if frac <= 0:
-        return
-    import vllm._custom_ops as ops
+    every = _every()
+    if every:
+        import vllm._custom_ops as ops
 
-    if getattr(ops.moe_wna16_marlin_gemm, "_moebench_planted", False):
+        _plant(ops, every)
+
+
+def register_sglang() -> None:
+    """SGLang calls this in each of its processes (entry point `sglang.srt.plugins`). Its Marlin MoE
+    (`fused_marlin_moe`) calls the module-level `moe_wna16_marlin_gemm` it imported from sglang.jit_kernel,
+    with the output buffer as the second positional argument (SGLang 0.5.15)."""
+    every = _every()
+    if every:
+        from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe
+
+        _plant(fused_marlin_moe, every)
+
+
+def _every() -> int:
+    """One MoE layer in how many runs twice (0: unset, no plant)."""
+    frac = float(os.environ.get("MOEBENCH_PLANT_EXPERTS", "0") or 0)
+    return max(1, round(1 / frac)) if frac > 0 else 0
+
+
+def _plant(module, every: int) -> None:
+    """Wrap module.moe_wna16_marlin_gemm so that one MoE layer in `every` runs its two GEMMs twice."""
+    if getattr(module.moe_wna16_marlin_gemm, "_moebench_planted", False):
         return
-    original = ops.moe_wna16_marlin_gemm
-    every = max(1, round(1 / frac))
+    original = module.moe_wna16_marlin_gemm
     calls = [0]
 
     def planted(*args, **kwargs):
@@ -44,5 +65,5 @@ def register() -> None:
         return out
 
     planted._moebench_planted = True
-    ops.moe_wna16_marlin_gemm = planted
+    module.moe_wna16_marlin_gemm = planted
     print(f"moebench planted regression: every {every}th MoE layer runs its Marlin GEMMs twice", flush=True)

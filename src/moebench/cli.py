@@ -28,7 +28,7 @@ from moebench.baselines.store import BaselineSet
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, EXIT_USAGE, CliError, check_patterns, matcher
 from moebench.results import ResultsError
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
-from moebench.runs import backend_matrix, compare_runs, load_run, load_runs
+from moebench.runs import backend_matrix, compare_runs, load_run, load_runs, merge_runs, resolve_reference
 
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
 VERDICT_NAMES = [v.value for v in Verdict] + [Outcome.MISSING.value]
@@ -88,30 +88,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_backends(args: argparse.Namespace) -> int:
     """Backends side by side per shape: value, speedup against the reference backend, % of the floor;
-    one table per --metric (decode: ms/token and the routed experts' ms/step by default)."""
-    metrics = args.metric or ([None, "step_routed_experts_ms"] if args.family == "decode" else [None])
+    one table per --metric (decode: engines side by side, ms/token, TTFT and the routed experts' ms/step)."""
+    decode = args.family == "decode"
+    metrics = args.metric or ([None, "ttft_ms", "step_routed_experts_ms"] if decode else [None])
+    run = merge_runs([load_run(p) for p in args.results])
     for i, metric in enumerate(metrics):
         if i:
             print()
-        _backends_table(args, metric)
+        _backends_table(args, run, metric, by_engine=(args.by or ("engine" if decode else "backend")) == "engine",
+                        required=bool(args.metric))
     return EXIT_OK
 
 
-def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
-    run = load_run(args.results)
+def _backends_table(args: argparse.Namespace, run, metric: str | None, *, by_engine: bool, required: bool) -> None:
     reference = args.reference
     if reference is None:
         present = {c.backend for c in run.cases.values() if c.backend}
         reference = "vllm_triton" if "vllm_triton" in present else None
-    backends, groups, metric = backend_matrix(run, reference=reference, metric=metric,
-                                              floor_metric=args.floor_metric, family=args.family)
-    if reference is None:
-        reference = backends[0]
-        backends, groups, metric = backend_matrix(run, reference=reference, metric=metric,
-                                                  floor_metric=args.floor_metric, family=args.family)
+    floor = args.floor_metric
+    if args.family == "decode" and metric not in (None, "ms_per_token") and floor == "pct_of_floor":
+        # a step category against its own floor (pct_of_floor_routed_experts); TTFT has none
+        floor = metric.replace("step_", "pct_of_floor_", 1).removesuffix("_ms") if metric.startswith("step_") else ""
+    opts = dict(floor_metric=floor, family=args.family, by_engine=by_engine, required=required)
+    backends, groups, metric = backend_matrix(run, reference=reference, metric=metric, **opts)
+    reference = resolve_reference(reference, backends, run.path) if reference else backends[0]
+    backends, groups, metric = backend_matrix(run, reference=reference, metric=metric, **opts)
     print(f"{run.path}: {run.hardware_key}, {run.label}")
     print(f"metric {metric}; speedup = times faster than {reference} on the same shape; "
-          f"% = {args.floor_metric} (100% = at the memory floor)")
+          + (f"% = {floor} (100% = at the memory floor)" if floor else "no memory floor for this metric"))
     print()
     # Each cell is "value  speedup  % of floor [verdict]", its parts padded per column so they line up.
     parts: dict[tuple[str, str], list[str]] = {}
@@ -218,18 +222,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="compare runs of different hardware keys (otherwise ENV_MISMATCH, not compared)")
     c.set_defaults(func=cmd_compare)
 
-    b = sub.add_parser("backends", formatter_class=fmt, help="MoE backends side by side per shape",
+    b = sub.add_parser("backends", formatter_class=fmt, help="MoE backends (decode: engines) side by side per shape",
                        description=_wrap("One row per shape group, one column per backend: the metric's value, the "
                                    "speedup against the reference backend and the % of the memory floor.\n"
                                    "Reads info.backend of each case, and groups by the case's group, info.group, "
                                    "info.shape, or the key without its backend token."),
-                       epilog="example: moebench backends out/results.json --reference vllm_triton --metric graph_us")
-    b.add_argument("results", metavar="RESULTS.json", help="results file of a run with several backends")
+                       epilog="example: moebench backends out/results.json --reference vllm_triton --metric graph_us\n"
+                              "         moebench backends vllm.json sglang.json --family decode   # engines per rank")
+    b.add_argument("results", metavar="RESULTS.json", nargs="+",
+                   help="results file(s) of one hardware key with several backends (or engines: runs of each)")
+    b.add_argument("--by", choices=("backend", "engine"),
+                   help="columns: the MoE backend, or engine/kernel with one row per scenario's rank (default: "
+                        "engine for --family decode, else backend)")
     b.add_argument("--reference", metavar="BACKEND",
                    help="backend the speedups are against (default: vllm_triton when present, else the first)")
     b.add_argument("--metric", metavar="NAME", action="append",
                    help="metric to put side by side, one table each (repeatable; default: each case's primary, and "
-                        "for --family decode also step_routed_experts_ms)")
+                        "for --family decode also ttft_ms and step_routed_experts_ms, blank where a case has none)")
     b.add_argument("--floor-metric", default="pct_of_floor", metavar="NAME",
                    help="metric giving the %% of the floor (default: pct_of_floor)")
     b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")

@@ -133,26 +133,67 @@ class BackendCell:
     verdict: str
 
 
+def engine_column(case: CaseDoc) -> str:
+    """A decode case's column when engines sit side by side: its engine and MoE kernel ("sglang-server/marlin")."""
+    engine = str(case.info.get("engine") or "?")
+    return f"{'openai' if engine.startswith(('http://', 'https://')) else engine}/{case.backend}"
+
+
+def rank_group(case: CaseDoc) -> str:
+    """What the engines of one scenario share: the shape group without the engine token
+    (decode[kimi-k2.5-int4-rank-vllm-tp1-...] and decode[kimi-k2.5-int4-rank-sglang-server-tp1-...] meet)."""
+    engine = engine_column(case).rsplit("/", 1)[0]
+    return shape_group(case).replace(f"-{engine}-", "-", 1)
+
+
+def merge_runs(runs: list[ResultsDoc]) -> ResultsDoc:
+    """Several runs of one hardware key as one (engines measured in separate sessions, side by side); a case
+    in two of them is an error naming both files."""
+    if len({r.hardware_key for r in runs}) > 1:
+        raise ResultsError("runs of different hardware are not put side by side: "
+                           + ", ".join(f"{r.path} ({r.hardware_key})" for r in runs))
+    first, cases, where = runs[0], {}, {}
+    for r in runs:
+        for key, c in r.cases.items():
+            if key in cases:
+                raise ResultsError(f"{r.path}: cases[{key!r}]: also in {where[key]}; give one of the two")
+            cases[key], where[key] = c, r.path
+    return ResultsDoc(first.hardware_key, first.started, runs[-1].finished, first.commit, first.fingerprint, cases,
+                      path=" + ".join(r.path for r in runs))
+
+
+def resolve_reference(reference: str | None, backends: list[str], where: str) -> str | None:
+    """The column `reference` names: itself, or the one engine/kernel column with that engine or kernel."""
+    if reference is None or reference in backends:
+        return reference
+    named = [b for b in backends if reference in b.split("/")]
+    if len(named) != 1:
+        raise ResultsError(f"--reference {reference!r}: no such backend in {where} (it has: {', '.join(backends)})")
+    return named[0]
+
+
 def backend_matrix(run: ResultsDoc, *, reference: str | None, metric: str | None = None, floor_metric: str = "pct_of_floor",
-                   family: str | None = None) -> tuple[list[str], dict[str, dict[str, BackendCell]], str]:
-    """Backends of a run side by side per shape group.
+                   family: str | None = None, by_engine: bool = False,
+                   required: bool = True) -> tuple[list[str], dict[str, dict[str, BackendCell]], str]:
+    """Backends of a run side by side per shape group (by_engine: engine/kernel columns per scenario's rank).
 
     Returns (backends in first-seen order, {group: {backend: cell}}, the metric name used). The metric is
-    `metric` or each case's primary. Speedup is how many times faster than `reference` on the same group
-    (reference time / time for a lower-is-better metric, value / reference value for a higher-is-better
-    one); None where the group has no reference case. Raises ResultsError when nothing fits.
+    `metric` or each case's primary; a case without it is an error when `required`, else left blank. Speedup
+    is how many times faster than `reference` (a column, or the one column with that engine or kernel) on the
+    same group (reference time / time for a lower-is-better metric, value / reference value for a
+    higher-is-better one); None where the group has no reference case. Raises ResultsError when nothing fits.
     """
     cases = [c for c in run.cases.values() if c.backend and (family is None or c.family == family)]
     if not cases:
         where = f"family {family!r}" if family else "any case"
         raise ResultsError(f"{run.path}: cases[*].info.backend: no backend recorded for {where} "
                         f"(moebench backends needs cases whose info names their backend)")
-    backends = list(dict.fromkeys(c.backend for c in cases))
-    if reference is not None and reference not in backends:
-        raise ResultsError(f"--reference {reference!r}: no such backend in {run.path} (it has: {', '.join(backends)})")
+    column, group_of = (engine_column, rank_group) if by_engine else (lambda c: c.backend, shape_group)
+    backends = list(dict.fromkeys(column(c) for c in cases))
+    reference = resolve_reference(reference, backends, run.path)
     groups: dict[str, dict[str, CaseDoc]] = {}
     for c in sorted(cases, key=lambda c: c.key):
-        groups.setdefault(shape_group(c), {})[c.backend] = c
+        groups.setdefault(group_of(c), {})[column(c)] = c
     used = metric
     out: dict[str, dict[str, BackendCell]] = {}
     for g, by_backend in groups.items():
@@ -161,7 +202,7 @@ def backend_matrix(run: ResultsDoc, *, reference: str | None, metric: str | None
         for b, c in by_backend.items():
             name = metric or c.primary
             if name is None or name not in c.metrics:
-                if metric is not None:
+                if metric is not None and required:
                     raise ResultsError(f"{run.path}: cases[{c.key!r}].metrics.{metric}: missing "
                                     f"(it has: {', '.join(c.metrics)})")
                 continue

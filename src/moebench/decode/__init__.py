@@ -10,6 +10,7 @@ gates steady-state ms/token and TTFT; warm-up trials are reported apart.
 - commands: server command lines, in-process LLM kwargs, engine environment, prompts
 - inproc / inproc_worker: vLLM's LLM class driven step by step in a worker process we own
 - server / openai_stream: an OpenAI-compatible server started (or reached) and streamed
+- sglang_engine / sglang_trace: SGLang through its native /generate, its profiled trial and trace steps
 - procs: process groups, teardown, log tails; engine_log: what the engine says it chose
 - stats: TTFT, inter-token latency, steady state; floor: weight bytes per token
 - runner: one case from requirements to verdict

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
 
 from moebench.decode.categories import CATEGORIES, LABELS, category
 from moebench.decode.trace import Kernel, Steps, busy_us
@@ -86,8 +86,9 @@ def busy_shares(kernels: list[Kernel], cat_of) -> dict[str, float]:
     return dict(out)
 
 
-def breakdown(steps: Steps) -> Breakdown:
-    """Sort every kernel of the complete steps into categories; sums per step in ms."""
+def breakdown(steps: Steps, classify: Callable[[Kernel], str] = category) -> Breakdown:
+    """Sort every kernel of the complete steps into categories (by `classify`: the category map, or an
+    engine's own rules in front of it); sums per step in ms."""
     if steps.count == 0:
         raise ValueError("no complete decode step in the profiled window")
     per_step = {c: [0.0] * steps.count for c in CATEGORIES}
@@ -96,7 +97,7 @@ def breakdown(steps: Steps) -> Breakdown:
     busy = []
     for i, ks in enumerate(steps.kernels):
         for k in ks:
-            cat = category(k)
+            cat = classify(k)
             per_step[cat][i] += k.dur / 1e3
             by_name[cat][k.name[:120]] += k.dur / 1e3 / steps.count
         for c, us in busy_shares(ks, category).items():
@@ -110,10 +111,10 @@ def breakdown_metrics(b: Breakdown, steady_ms: float, gated: tuple[str, ...], re
                       rel_tols: Mapping[str, float] | None = None) -> dict[str, Metric]:
     """Metrics of a breakdown: step_<category>_ms per category (gated for the categories in `gated`, at
     rel_tols[category] where given, else rel_tol), step_gpu_busy_ms and step_host_gap_ms (informational).
-    Per-step spread is the noise when steps were told apart; for a window average (no step annotations)
+    Per-step spread is the noise when steps were told apart; for a window average (no step boundaries)
     it is unknown, so the category is not gated."""
     rel_tols = rel_tols or {}
-    by_steps = b.source == "annotations"
+    by_steps = not b.source.startswith("assumed")  # the engine's annotations or its graph launches told steps apart
     out: dict[str, Metric] = {}
     for c in CATEGORIES:
         xs = b.per_step_ms[c]

@@ -13,6 +13,7 @@ from typing import Any
 
 from moebench.decode import models
 from moebench.decode.scenarios import DecodeCase
+from moebench.sites import site_paths
 
 SERVED_NAME = "moebench"
 
@@ -21,6 +22,10 @@ SERVED_NAME = "moebench"
 # default takes a fraction of RAM that a 24 GB box cannot spare next to the weights).
 ENGINE_ENV_DEFAULTS = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# A folder SGLang was staged into apart from vLLM's (their pins differ: openai, transformers, tvm-ffi), put
+# first on the path of SGLang's processes only (ci/stage_engine.py, docs/sglang.md).
+SGLANG_SITE_ENV = "MOEBENCH_SGLANG_SITE"
+
 
 
 def max_model_len(case: DecodeCase) -> int:
@@ -46,6 +51,8 @@ def engine_env(case: DecodeCase, base: dict[str, str] | None = None) -> dict[str
     if case.scenario.moe_hook:
         env[vllm_moe_hook.ENV] = case.scenario.moe_hook
         front.append(vllm_moe_hook.hook_path())  # its .dist-info makes vLLM load the hook
+    if case.engine_family == "sglang" and env.get(SGLANG_SITE_ENV):
+        front += site_paths(env[SGLANG_SITE_ENV])
     env["PYTHONPATH"] = os.pathsep.join(front + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                                                  if p and p not in front])
     env.setdefault("PYTHONUNBUFFERED", "1")  # log lines reach the file as they happen
@@ -94,9 +101,14 @@ def server_command(case: DecodeCase, model_dir: Path, port: int, python: str = s
                "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype, "--context-length", str(max_model_len(case)),
                "--max-running-requests", "1", "--mem-fraction-static", str(s.gpu_memory_fraction),
-               "--moe-runner-backend", s.moe_backend, "--disable-radix-cache", "--random-seed", "0"]
+               "--moe-runner-backend", s.moe_backend, "--disable-radix-cache", "--random-seed", "0",
+               # no constrained decoding here: no grammar backend to import (xgrammar is not staged)
+               "--grammar-backend", "none"]
         if dummy:
             cmd += ["--load-format", "dummy"]
+        if not models.has_tokenizer(model_dir):
+            # token-id prompts through the native /generate (sglang_engine.py): no tokenizer needed
+            cmd += ["--skip-tokenizer-init"]
         if s.quantization:
             cmd += ["--quantization", s.quantization]
         if s.attention_backend != "auto":

@@ -8,6 +8,9 @@ BATCHED_TRITON) or add choices of its own (MLA prefill backend, quantized-MoE ke
           "Using FLASHMLA attention backend out of potential backends: [...]", "Using CPU_MLA backend."
           "Using Marlin backend for WNA16 MoE (group_size=32, num_bits=4)" (compressed-tensors experts)
   SGLang: the server_args dump: "moe_runner_backend='flashinfer_cutlass'", "attention_backend='flashinfer'"
+          (the request as given: 'auto' is no kernel and is not recorded);
+          "Using CompressedTensorsWNA16MarlinMoEMethod" (the quantized MoE's method: its kernel, marlin, leads);
+          "Attention backend not specified. Use fa3 backend by default." (SGLang's own choice)
 """
 
 from __future__ import annotations
@@ -20,6 +23,9 @@ _USING = re.compile(r"\bUsing\s+'?([\w./-]+)'?\s+((?:[\w-]+\s+){0,3}?)backend\b"
 # SGLang's ServerArgs repr quotes strings; vLLM's config dump ("quantization=None") does not.
 _FOR_MOE = re.compile(r"^\s*for\s+((?:[\w-]+\s+){0,2}MoE)\b", re.I)  # "... backend for WNA16 MoE"
 _SGLANG = re.compile(r"\b(moe_runner_backend|attention_backend|quantization)='([\w.-]+)'")
+_SGLANG_MOE_METHOD = re.compile(r"\bUsing ((?:CompressedTensors|Compressed)\w*MoE\w*)")
+_SGLANG_ATTN_DEFAULT = re.compile(r"Attention backend not specified\. Use (\w+) backend by default")
+_KERNELS = ("marlin", "triton", "cutlass", "flashinfer", "deep_gemm")
 
 
 def choices(log: Path | str, max_bytes: int = 8 << 20) -> dict:
@@ -37,6 +43,13 @@ def choices(log: Path | str, max_bytes: int = 8 << 20) -> dict:
             out[kind].append(value)
 
     for raw in text.splitlines():
+        for m in _SGLANG_MOE_METHOD.finditer(raw):
+            cls = m.group(1)
+            add("moe", f"{next((k for k in _KERNELS if k in cls.lower()), cls)} ({cls})")
+            add("lines", raw.strip()[:240])
+        for m in _SGLANG_ATTN_DEFAULT.finditer(raw):
+            add("attention", m.group(1))
+            add("lines", raw.strip()[:240])
         if "backend" not in raw.lower():
             continue
         line = _PREFIX.sub("", raw).strip()
@@ -59,6 +72,8 @@ def choices(log: Path | str, max_bytes: int = 8 << 20) -> dict:
             add("lines", line[:240])
         for m in _SGLANG.finditer(line):
             key, value = m.groups()
+            if key == "moe_runner_backend" and value == "auto":
+                continue
             add("moe" if key == "moe_runner_backend" else "attention" if key == "attention_backend" else "other",
                 f"{value} ({key})" if key not in ("moe_runner_backend", "attention_backend") else value)
     return out

@@ -13,7 +13,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from moebench.decode.stats import Trial
@@ -59,6 +59,18 @@ def get(url: str, path: str, timeout: float = 2.0) -> tuple[int, Any]:
         conn.close()
 
 
+def post_json(url: str, path: str, obj: dict, timeout: float) -> tuple[int, str]:
+    """POST a JSON body to base_url + path: (status, the answer's text). Connection errors raise OSError."""
+    u = _Url.parse(url)
+    conn = u.connect(timeout)
+    try:
+        conn.request("POST", u.base_path + path, body=json.dumps(obj).encode(), headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode("utf-8", "replace")
+    finally:
+        conn.close()
+
+
 def served_model(url: str, timeout: float = 5.0) -> str:
     """The first model id the server lists under /v1/models."""
     status, body = get(url, "/v1/models", timeout)
@@ -98,37 +110,47 @@ def completion_payload(model: str, prompt_ids: list[int], max_tokens: int) -> di
 def stream_completion(url: str, payload: dict, *, read_timeout: float, deadline: float) -> StreamResult:
     """POST /v1/completions and time every chunk until `data: [DONE]`. read_timeout: longest silence
     allowed between chunks; deadline: time.monotonic() by which the whole stream must be complete."""
-    u = _Url.parse(url)
     res = StreamResult()
+    post_stream(url, "/v1/completions", payload, lambda obj, now: _take_chunk(res, obj, now), lambda: _count(res),
+                read_timeout=read_timeout, deadline=deadline)
+    res.reconcile()
+    return res
+
+
+def post_stream(url: str, path: str, payload: dict, take: Callable[[dict, float], None], count: Callable[[], int], *,
+                read_timeout: float, deadline: float) -> None:
+    """POST a JSON body to a server-sent-events endpoint and hand every `data:` object to take(obj, seconds
+    since the request was sent) until `data: [DONE]`. count() says how many tokens arrived (for messages).
+    Raises StreamBroken when the server answers an error, stalls, or closes the stream early."""
+    u = _Url.parse(url)
     conn = u.connect(read_timeout)
     try:
         body = json.dumps(payload).encode()
         t0 = time.perf_counter()
-        conn.request("POST", u.base_path + "/v1/completions", body=body,
+        conn.request("POST", u.base_path + path, body=body,
                      headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
         resp = conn.getresponse()
         if resp.status != 200:
-            raise StreamBroken(f"POST /v1/completions answered HTTP {resp.status}: "
+            raise StreamBroken(f"POST {path} answered HTTP {resp.status}: "
                                f"{resp.read(400).decode('utf-8', 'replace').strip()}")
         while True:
             if time.monotonic() > deadline:
-                raise StreamBroken(f"trial deadline passed after {_count(res)} tokens")
+                raise StreamBroken(f"trial deadline passed after {count()} tokens")
             line = resp.readline()
             now = time.perf_counter() - t0
             if not line:
-                raise StreamBroken(f"the server closed the stream after {_count(res)} tokens, before [DONE]")
+                raise StreamBroken(f"the server closed the stream after {count()} tokens, before [DONE]")
             line = line.strip()
             if not line.startswith(b"data:"):
                 continue  # blank separators, comments, event names
             data = line[5:].strip()
             if data == b"[DONE]":
-                res.reconcile()
-                return res
-            _take_chunk(res, json.loads(data), now)
+                return
+            take(json.loads(data), now)
     except (socket.timeout, TimeoutError):
-        raise StreamBroken(f"no data for {read_timeout:.0f} s after {_count(res)} tokens") from None
+        raise StreamBroken(f"no data for {read_timeout:.0f} s after {count()} tokens") from None
     except (ConnectionError, http.client.HTTPException, OSError) as e:
-        raise StreamBroken(f"connection failed after {_count(res)} tokens: {type(e).__name__}: {e}") from None
+        raise StreamBroken(f"connection failed after {count()} tokens: {type(e).__name__}: {e}") from None
     finally:
         conn.close()
 

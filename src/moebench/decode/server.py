@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from moebench.decode import openai_stream
-from moebench.decode.openai_stream import StreamBroken
+from moebench.decode.openai_stream import StreamBroken, StreamResult
 from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.stats import Trial
 
@@ -87,12 +87,16 @@ class ServerEngine:
             self.proc.remember_descendants()
         return time.monotonic() - t0
 
+    def stream(self, prompt: list[int], max_tokens: int) -> StreamResult:
+        """One streamed request through the OpenAI completions API (an engine's native API in subclasses)."""
+        payload = openai_stream.completion_payload(self.model, prompt, max_tokens)
+        return openai_stream.stream_completion(self.url, payload, read_timeout=self.trial_timeout,
+                                               deadline=time.monotonic() + self.trial_timeout)
+
     def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool) -> Trial:
         """Stream one completion and return its per-chunk timeline."""
-        payload = openai_stream.completion_payload(self.model, prompt, max_tokens)
         try:
-            res = openai_stream.stream_completion(self.url, payload, read_timeout=self.trial_timeout,
-                                                  deadline=time.monotonic() + self.trial_timeout)
+            res = self.stream(prompt, max_tokens)
         except StreamBroken as e:
             code = self.proc.exit_code() if self.proc else None
             if self.proc and code is None:

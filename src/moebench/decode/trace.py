@@ -95,12 +95,7 @@ def split_steps(events: list[dict], assumed_steps: int | None = None, where: str
         bounds = sorted((float(e["ts"]), True) for e in annotations if e.get("name") == STEP_ANNOTATION)
     starts = [t for t, _ in bounds]
     samplers = sorted(_span(e) for e in events if e.get("cat") == "user_annotation" and e.get("name") == SAMPLE_ANNOTATION)
-    launch_ts = {}
-    for e in events:
-        if e.get("cat") in LAUNCH_CATEGORIES:
-            corr = (e.get("args") or {}).get("correlation")
-            if corr is not None:
-                launch_ts[corr] = float(e["ts"])
+    launch_ts = launch_times(events)
 
     def in_sampler(t: float | None) -> bool:
         if t is None or not samplers:
@@ -135,6 +130,17 @@ def split_steps(events: list[dict], assumed_steps: int | None = None, where: str
     pool = sorted((kernel(e, launch_ts.get((e.get("args") or {}).get("correlation"))) for e in gpu), key=lambda k: k.ts)
     # One pool spread evenly: per-step figures are then window averages, and their spread is unknown.
     return Steps([pool] + [[] for _ in range(assumed_steps - 1)], f"assumed {assumed_steps} steps")
+
+
+def launch_times(events: list[dict]) -> dict:
+    """Host launch time (us) of every correlation id: when the call that launched a kernel was made."""
+    out = {}
+    for e in events:
+        if e.get("cat") in LAUNCH_CATEGORIES:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                out[corr] = float(e["ts"])
+    return out
 
 
 def busy_us(kernels: list[Kernel]) -> float:
