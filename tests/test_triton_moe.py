@@ -355,9 +355,9 @@ def test_sweep_bench_is_the_suites_case_backend_and_floor():
     built = bench.built(cfg)
     assert len(built.calls) == 2 and built.info["config"] == cfg.as_dict()
     assert case == GemmCase("tiny", 32, "fused", 1, "bf16", "decode", "triton")
-    # int4-g32 decode: the suite runs the rows-4 kernel, a forced MoEConfig the gemv / grouped path
+    # int4-g32 decode: the suite runs the tensor-core int4 kernel, a forced MoEConfig the gemv / grouped path
     int4 = Bench(cases(smoke=True)[1], "cpu", 1, ceiling=1e10, rule=SMOKE_RULE)
-    assert int4.case.dtype == "int4-g32" and int4.built().info["impl"] == "moebench.gemm.triton_moe.w4"
+    assert int4.case.dtype == "int4-g32" and int4.built().info["impl"] == "moebench.gemm.triton_moe.w4_mma"
     assert int4.built(cfg).info == {"impl": "moebench.gemm.triton_moe", "op": "fused", "config": cfg.as_dict()}
 
 
