@@ -327,30 +327,36 @@ prompt_tokens = 8
 output_tokens = 6
 trials = 2
 warmup_trials = 1
-start_timeout_s = 3
-trial_timeout_s = 3
-server_command = ["{{python}}", "{script}", "--mode", "{mode}", "--port", "{{port}}", "--pidfile", "{pidfile}"]
+start_timeout_s = {start_timeout_s}
+trial_timeout_s = 60
+server_command = ["{{python}}", "{script}", "--mode", "{mode}", "--port", "{{port}}", "--pidfile", "{pidfile}",
+                  "--itl", "0.05"]
 """
 
 
 def test_session_over_misbehaving_engines_fails_each_case_and_goes_on(tmp_path):
     modes = {"crashes": "crash", "hangs": "never-healthy", "dies": "midstream", "works": "good"}
-    toml = "".join(_FAKE_SCENARIO.format(name=n, mode=m, script=HERE, pidfile=tmp_path / f"{n}.pids")
+    # Only "hangs" may reach its start deadline: the others get one that no start-up reaches, even on a
+    # loaded box where importing the fake server takes seconds. The works server's 50 ms between tokens
+    # is far above the tiny model's memory floor (0.6 ms/token here, 3 ms with the box loaded) and keeps
+    # its chunks apart when the client is not scheduled at once: at 2 ms, a loaded box read them in
+    # bursts and the case was refused (steady state below the floor, or bursts).
+    toml = "".join(_FAKE_SCENARIO.format(name=n, mode=m, script=HERE, pidfile=tmp_path / f"{n}.pids",
+                                         start_timeout_s=3 if n == "hangs" else 60)
                    for n, m in modes.items())
     (tmp_path / "fake.toml").write_text(toml)
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "test_decode.py"), "-p", "no:randomly",
                         "--decode-scenarios", str(tmp_path / "fake.toml"), "--baseline-dir", str(tmp_path / "b"),
                         "--results-json", str(tmp_path / "r.json"), "-q", "-rf"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "3 failed, 1 passed" in out, out
     for name, needle in (("crashes", "fake CUDA error: out of memory"), ("hangs", "did not become healthy within 3 s"),
                          ("dies", "closed the stream after 3 tokens")):
         assert f"fake-{name}" in out and needle in out, out
-    assert took < 60, f"the session took {took:.0f} s"
+    assert "exited with code 3 before it became healthy" in out, out  # the crash, not a start deadline
+    # No elapsed-time bound: each message above says which deadline or failure ended its case.
     doc = json.loads((tmp_path / "r.json").read_text())
     [case] = doc["cases"]
     assert case["key"].startswith("decode[fake-works-vllm-server") and case["verdict"] == "NEW"
