@@ -27,6 +27,9 @@ from moebench.decode.server import ServerEngine, free_port
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
+# How far past its deadline a failure may come: a deadline is checked between polls and probes of up
+# to 2 s, which a loaded 2-core box stretches; a deadline that is not kept at all overshoots by minutes.
+OVERSHOOT_S = 15.0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -172,7 +175,7 @@ def test_server_that_crashes_at_start_fails_at_once_with_its_log(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.start()
-    assert time.monotonic() - t0 < 10, "a crash must not wait for the start deadline"
+    assert time.monotonic() - t0 < eng.start_timeout, "a crash must not wait for the start deadline"
     assert eng.stop() == []
     msg = str(e.value)
     assert "exited with code 3 before it became healthy" in msg
@@ -187,7 +190,7 @@ def test_server_that_never_becomes_healthy_fails_at_the_deadline(tmp_path):
     with pytest.raises(EngineError) as e:
         eng.start()
     took = time.monotonic() - t0
-    assert 2.0 <= took < 6, f"start deadline 2 s, failed after {took:.1f} s"
+    assert 2.0 <= took < 2.0 + OVERSHOOT_S, f"start deadline 2 s, failed after {took:.1f} s"
     assert eng.stop() == []
     assert "did not become healthy within 2 s" in str(e.value)
     assert "waiting for weights that never come" in str(e.value)
@@ -212,7 +215,7 @@ def test_server_that_stalls_mid_stream_hits_the_trial_timeout(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.trial(0, [11, 12, 13], 8, warmup=False)
-    assert time.monotonic() - t0 < 5
+    assert 1.0 <= time.monotonic() - t0 < 1.0 + OVERSHOOT_S
     assert eng.stop() == []
     assert "no data for 1 s after 2 tokens" in str(e.value) and "stalling forever" in str(e.value)
     _assert_all_gone(pidfile)
@@ -283,7 +286,7 @@ def test_inprocess_engine_that_never_gets_ready_fails_at_the_deadline(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.start()
-    assert time.monotonic() - t0 < 5
+    assert 1.5 <= time.monotonic() - t0 < 1.5 + OVERSHOOT_S
     assert eng.stop() == []
     assert "did not become ready within 2 s" in str(e.value) and "compiling forever" in str(e.value)
     _assert_all_gone(pidfile)
