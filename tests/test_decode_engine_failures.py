@@ -27,6 +27,9 @@ from moebench.decode.server import ServerEngine, free_port
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]
+# How far past its deadline a failure may come: a deadline is checked between polls and probes of up
+# to 2 s, which a loaded 2-core box stretches; a deadline that is not kept at all overshoots by minutes.
+OVERSHOOT_S = 15.0
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -172,7 +175,7 @@ def test_server_that_crashes_at_start_fails_at_once_with_its_log(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.start()
-    assert time.monotonic() - t0 < 10, "a crash must not wait for the start deadline"
+    assert time.monotonic() - t0 < eng.start_timeout, "a crash must not wait for the start deadline"
     assert eng.stop() == []
     msg = str(e.value)
     assert "exited with code 3 before it became healthy" in msg
@@ -187,7 +190,7 @@ def test_server_that_never_becomes_healthy_fails_at_the_deadline(tmp_path):
     with pytest.raises(EngineError) as e:
         eng.start()
     took = time.monotonic() - t0
-    assert 2.0 <= took < 6, f"start deadline 2 s, failed after {took:.1f} s"
+    assert 2.0 <= took < 2.0 + OVERSHOOT_S, f"start deadline 2 s, failed after {took:.1f} s"
     assert eng.stop() == []
     assert "did not become healthy within 2 s" in str(e.value)
     assert "waiting for weights that never come" in str(e.value)
@@ -212,7 +215,7 @@ def test_server_that_stalls_mid_stream_hits_the_trial_timeout(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.trial(0, [11, 12, 13], 8, warmup=False)
-    assert time.monotonic() - t0 < 5
+    assert 1.0 <= time.monotonic() - t0 < 1.0 + OVERSHOOT_S
     assert eng.stop() == []
     assert "no data for 1 s after 2 tokens" in str(e.value) and "stalling forever" in str(e.value)
     _assert_all_gone(pidfile)
@@ -227,7 +230,11 @@ def test_working_server_gives_a_timed_token_per_chunk(tmp_path):
         assert eng.stop() == []
     assert t.tokens == 6 and t.token_ids == [100, 101, 102, 103, 104, 105]
     assert all(b[0] > a[0] for a, b in zip(t.chunks, t.chunks[1:]))
-    assert all(x >= 0.004 for x in t.itls_s())
+    # The server sleeps 5 ms before each chunk, so chunk i cannot arrive before (i + 1) x 5 ms after the
+    # request (the client's clock starts before it sends). That bound holds on any box. The gap between
+    # two arrivals does not: a client that is not scheduled when a chunk arrives reads it together with
+    # the next one from its buffer, 0 ms apart (that made this test fail on a loaded box).
+    assert all(at >= (i + 1) * 0.005 for i, (at, _) in enumerate(t.chunks)), t.chunks
     assert eng.usage_tokens == [6]
     _assert_all_gone(pidfile)
 
@@ -279,7 +286,7 @@ def test_inprocess_engine_that_never_gets_ready_fails_at_the_deadline(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(EngineError) as e:
         eng.start()
-    assert time.monotonic() - t0 < 5
+    assert 1.5 <= time.monotonic() - t0 < 1.5 + OVERSHOOT_S
     assert eng.stop() == []
     assert "did not become ready within 2 s" in str(e.value) and "compiling forever" in str(e.value)
     _assert_all_gone(pidfile)
@@ -323,30 +330,36 @@ prompt_tokens = 8
 output_tokens = 6
 trials = 2
 warmup_trials = 1
-start_timeout_s = 3
-trial_timeout_s = 3
-server_command = ["{{python}}", "{script}", "--mode", "{mode}", "--port", "{{port}}", "--pidfile", "{pidfile}"]
+start_timeout_s = {start_timeout_s}
+trial_timeout_s = 60
+server_command = ["{{python}}", "{script}", "--mode", "{mode}", "--port", "{{port}}", "--pidfile", "{pidfile}",
+                  "--itl", "0.05"]
 """
 
 
 def test_session_over_misbehaving_engines_fails_each_case_and_goes_on(tmp_path):
     modes = {"crashes": "crash", "hangs": "never-healthy", "dies": "midstream", "works": "good"}
-    toml = "".join(_FAKE_SCENARIO.format(name=n, mode=m, script=HERE, pidfile=tmp_path / f"{n}.pids")
+    # Only "hangs" may reach its start deadline: the others get one that no start-up reaches, even on a
+    # loaded box where importing the fake server takes seconds. The works server's 50 ms between tokens
+    # is far above the tiny model's memory floor (0.6 ms/token here, 3 ms with the box loaded) and keeps
+    # its chunks apart when the client is not scheduled at once: at 2 ms, a loaded box read them in
+    # bursts and the case was refused (steady state below the floor, or bursts).
+    toml = "".join(_FAKE_SCENARIO.format(name=n, mode=m, script=HERE, pidfile=tmp_path / f"{n}.pids",
+                                         start_timeout_s=3 if n == "hangs" else 60)
                    for n, m in modes.items())
     (tmp_path / "fake.toml").write_text(toml)
-    t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "pytest", str(REPO / "benchmarks" / "test_decode.py"), "-p", "no:randomly",
                         "--decode-scenarios", str(tmp_path / "fake.toml"), "--baseline-dir", str(tmp_path / "b"),
                         "--results-json", str(tmp_path / "r.json"), "-q", "-rf"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
-    took = time.monotonic() - t0
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
     out = r.stdout + r.stderr
     assert r.returncode == 1, out
     assert "3 failed, 1 passed" in out, out
     for name, needle in (("crashes", "fake CUDA error: out of memory"), ("hangs", "did not become healthy within 3 s"),
                          ("dies", "closed the stream after 3 tokens")):
         assert f"fake-{name}" in out and needle in out, out
-    assert took < 60, f"the session took {took:.0f} s"
+    assert "exited with code 3 before it became healthy" in out, out  # the crash, not a start deadline
+    # No elapsed-time bound: each message above says which deadline or failure ended its case.
     doc = json.loads((tmp_path / "r.json").read_text())
     [case] = doc["cases"]
     assert case["key"].startswith("decode[fake-works-vllm-server") and case["verdict"] == "NEW"

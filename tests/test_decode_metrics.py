@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from moebench.decode import engine_log, floor, models
+from moebench.decode.scenarios import load_scenarios
 from moebench.decode.stats import Trial, _pct, check_trial, decode_metrics, implausible, per_trial_summary
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "benchmarks" / "decode_scenarios.toml"
 
 
 def _trial(ttft_ms: float, itl_ms: float, n: int, warmup: bool = False) -> Trial:
@@ -95,6 +101,22 @@ def test_tokens_arriving_in_bursts_are_flagged():
     m = decode_metrics([Trial(False, [(t, 1) for t in times], [])])
     assert m["ms_per_token"].value < 0.5 * m["tpot_ms"].value
     assert "arrived in bursts" in implausible(m)
+
+
+@pytest.mark.parametrize("tokens, readable", [(32, False), ("tiny-cpu", True)])
+def test_the_cpu_scenarios_trials_outlast_a_stall_of_the_box(tokens, readable):
+    # A token every 5 ms (the tiny model on this box's CPU), and a client or server process that is not
+    # scheduled for the first 250 ms: what was made meanwhile arrives at once. The 16-token windows'
+    # median reads through that only if most windows lie after the stall, i.e. in a long enough trial.
+    if tokens == "tiny-cpu":
+        [s] = [x for x in load_scenarios(SHIPPED) if x.name == "tiny-cpu"]
+        tokens = s.output_tokens
+    times = [max(0.005 * (i + 1), 0.250 + 0.00001 * i) for i in range(tokens)]
+    m = decode_metrics([Trial(False, [(t, 1) for t in times], [])] * 2)
+    tiny_floor_ms = 0.63  # the tiny config's weights over this box's read ceiling (8 GB/s)
+    assert (implausible(m, tiny_floor_ms) is None) is readable, implausible(m, tiny_floor_ms)
+    if readable:
+        assert m["ms_per_token"].value == pytest.approx(5.0, rel=0.01)
 
 
 def test_a_steady_state_under_the_memory_floor_is_refused_with_both_numbers():

@@ -76,7 +76,7 @@ def test_markers_used_are_registered():
 
 def test_key_is_rendered_from_axes():
     [s] = load_scenarios(SHIPPED)[:1]
-    assert DecodeCase(s, "vllm-server").key == "decode[tiny-vllm-server-cpu-tp1-bf16-moe_auto-attn_cpu_mla-eager-p64-o32]"
+    assert DecodeCase(s, "vllm-server").key == "decode[tiny-vllm-server-cpu-tp1-bf16-moe_auto-attn_cpu_mla-eager-p64-o128]"
     assert DecodeCase(s, "http://box:8000").key.startswith("decode[tiny-openai-cpu-")
 
 

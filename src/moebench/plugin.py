@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 import pytest
 
-from moebench import compat, hardware, interrupts, report
+from moebench import compat, hardware, interrupts, report, selection
 from moebench.benchmark_tables import hide_benchmark_tables
 from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
@@ -83,6 +83,8 @@ def pytest_sessionstart(session: pytest.Session):
     # after this plugin's, so `-m "not xfail"` used to be refused as an unknown marker.
     config = session.config
     markexpr = config.getoption("markexpr", default="") or ""
+    if hint := selection.positional_argument_hint(markexpr):
+        raise pytest.UsageError(hint)
     unknown = sorted(marker_names_in(markexpr) - _registered_markers(config))
     if unknown:
         raise pytest.UsageError(f"-m {markexpr!r}: unknown marker {', '.join(map(repr, unknown))} "
@@ -175,6 +177,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    selection.raise_deferred(config)  # a selected family whose cases could not be built (decode scenarios)
     # `full` cases are outside the default selection: they run only when -m names `full`.
     if "full" in marker_names_in(config.getoption("markexpr", default="") or ""):
         return

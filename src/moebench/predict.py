@@ -19,6 +19,7 @@ messages on NVLink and on two PCIe GPUs.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,15 @@ ASSUMPTIONS = (
 
 class PredictError(ValueError):
     """An input that cannot serve a prediction; one line naming the file and what is missing."""
+
+
+def term(value: float, label: str, *, positive: bool = False) -> float:
+    """A term of the prediction: a finite number >= 0 (> 0 where `positive`), else PredictError naming
+    `label` (an option, or a file's case and metric): a negative, NaN or infinite input used to print a
+    negative ms/token or a 'nan%' share."""
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        raise PredictError(f"{label} {value:g}: must be a finite number {'>' if positive else '>='} 0")
+    return float(value)
 
 
 @dataclass
@@ -153,7 +163,7 @@ def allreduce_latency(doc: Any, where: str, key: str) -> float:
         worlds = sorted({k.split("-w")[1].split("-")[0] for k in have if "-w" in k})
         raise PredictError(f"{where}: no {key} (its allreduce cases have worlds {', '.join(worlds) or 'none'}): "
                            "record it on the target box with `pytest benchmarks/ -m allreduce`")
-    return float(value)
+    return term(value, f"{where}: {key} latency_us")
 
 
 def allreduce_file(path: Path) -> Path:
@@ -175,12 +185,15 @@ def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: s
     """The prediction from the files (see the module docstring)."""
     if world < 2:
         raise PredictError(f"--world {world}: tensor parallelism needs at least 2 ranks")
-    if not scale > 0:
-        raise PredictError(f"--allreduce-scale {scale}: must be > 0")
+    term(scale, "--allreduce-scale", positive=True)
+    for option, n in (("--layers", layers), ("--hidden", hidden)):
+        if n is not None and n < 1:
+            raise PredictError(f"{option} {n}: must be at least 1")
     case = decode_case(results(read_doc(decode_path), str(decode_path)), case_pattern)
     steady = case.metrics["ms_per_token"].metric.value if "ms_per_token" in case.metrics else None
     if steady is None:
         raise PredictError(f"{decode_path}: {case.key} has no ms_per_token")
+    term(steady, f"{decode_path}: {case.key} ms_per_token", positive=True)
     n_layers, h = model_shape(case, layers, hidden)
     suffix = "" if transport == "auto" else f"-{transport}"
     if transport != "auto" and backend != "nccl":
@@ -189,9 +202,10 @@ def predict(decode_path: Path, allreduce_path: Path, *, world: int, transport: s
     ar_path = allreduce_file(allreduce_path)
     lat = allreduce_latency(read_doc(ar_path), str(ar_path), ar_key)
     values = {n: m.metric.value for n, m in case.metrics.items()}
-    parts = {f"GPU: {LABELS[c]}": values[f"{PREFIX}{c}_ms"] for c in CATEGORIES if values.get(f"{PREFIX}{c}_ms")}
+    parts = {f"GPU: {LABELS[c]}": term(values[f"{PREFIX}{c}_ms"], f"{decode_path}: {case.key} {PREFIX}{c}_ms")
+             for c in CATEGORIES if values.get(f"{PREFIX}{c}_ms")}
     if parts and f"{PREFIX}host_gap_ms" in values:
-        parts["host gap"] = values[f"{PREFIX}host_gap_ms"]
+        parts["host gap"] = term(values[f"{PREFIX}host_gap_ms"], f"{decode_path}: {case.key} {PREFIX}host_gap_ms")
     return Prediction(case.key, steady, n_layers, h, world, transport, ar_key, lat, str(ar_path), scale, parts)
 
 

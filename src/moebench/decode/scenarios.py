@@ -16,6 +16,7 @@ from typing import Any
 
 from moebench.decode import models, sglang_trace, vllm_moe_hook
 from moebench.decode.categories import CATEGORIES, MAP_VERSION
+from moebench.decode.scenario_errors import toml_error
 from moebench.decode.stats import STEADY_WINDOW
 from moebench.method import steady_state_rule
 
@@ -364,11 +365,12 @@ def load_scenarios(path: Path) -> list[Scenario]:
     """Parse and validate a scenario file. Raises ScenarioError (one line) on any problem."""
     path = Path(path)
     try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        doc = tomllib.loads(text)
     except OSError as e:
         raise ScenarioError(f"{path}: cannot read: {e.strerror or e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ScenarioError(f"{path}: invalid TOML: {e}") from None
+        raise ScenarioError(toml_error(path, text, e)) from None
     extra = sorted(set(doc) - {"scenario"})
     _want(not extra, str(path), f"unknown top-level key(s) {', '.join(extra)} (scenarios are [[scenario]] tables)")
     raws = doc.get("scenario", [])
