@@ -4,6 +4,7 @@
     moebench backends RESULTS.json            MoE backends side by side per shape
     moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
     moebench report RESULTS... --out DIR      trend plots per case and an index page
+    moebench changes DIR...                   change points over a nightly history
     moebench predict DECODE.json ALLREDUCE    TP-N ms/token from a rank's decode and a box's allreduce
 
 Exit codes: 0 fine, 1 the comparison found what --fail-on names (a regression by default), 2 bad input
@@ -24,6 +25,7 @@ from typing import Callable, Sequence
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
+from moebench.changes_cli import register as register_changes
 from moebench.results import ResultsError
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
 from moebench.runs import backend_matrix, compare_runs, load_run, load_runs
@@ -225,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
                 epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare) or differences "
                        "(baselines diff --exit-code), 2 bad input.\nSee `moebench COMMAND --help`.")
-    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report,predict}",
+    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,report,changes,predict}",
                           required=True)
 
     c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
@@ -301,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the baselines stored here (default: the baseline each run recorded)")
     r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
     r.set_defaults(func=cmd_report)
+    register_changes(sub, fmt)
 
     pd = sub.add_parser("predict", formatter_class=fmt, help="TP-N ms/token from a rank's decode and a box's allreduce",
                         description=_wrap("Predict a TP-N decode step from a decode result of one TP rank's share of a "

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from moebench.baselines.compare import Outcome, display_rank
+from moebench.changes import RECENT, ChangePoint
 from moebench.files import atomic_write_text
 from moebench.results import CaseDoc, Row
 
@@ -172,3 +173,43 @@ def write_markdown(rows: list[Row], path: str | None, title: str, extra: str = "
 def write_json(path: str, doc: dict) -> None:
     """Atomic, stable JSON."""
     atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# --- change points over a history (moebench changes, the report's table) ----------------------------
+
+CHANGE_HEADER = ["case", "metric", "run before", "run after", "change", "level", "noise", "reported above"]
+
+
+def change_cells(cp: ChangePoint) -> list[str]:
+    """A change point's cells in CHANGE_HEADER's order."""
+    way = ("worse" if cp.worse else "better") + (", recent" if cp.recent else "")
+    return [cp.key, cp.metric, cp.before.label, cp.after.label, f"{fmt_pct(100 * cp.change, signed=True)} {way}",
+            f"{fmt_value(cp.level_before)} -> {fmt_value(cp.level_after, cp.unit)}", fmt_pct(100 * cp.noise),
+            fmt_pct(100 * cp.threshold)]
+
+
+def change_line(cp: ChangePoint) -> str:
+    """One printed line per change point, beginning with the case id: 'gemm[...] graph_us: 2026-12-01 02:17
+    abc1234 -> 2026-12-02 02:17 def5678: +4.1% worse (24.3 -> 25.3 us); noise 0.3%, reported above 2.5%
+    (nvidia-h200-x1)'."""
+    key, metric, before, after, change, level, noise, above = change_cells(cp)
+    return (f"{key} {metric}: {before} -> {after}: {change} ({level}); noise {noise}, reported above {above} "
+            f"({cp.hardware_key})")
+
+
+def changes_tally(cps: Sequence[ChangePoint]) -> str:
+    """'3 change points (1 towards worse in the last 3 runs)', or 'no change point'."""
+    if not cps:
+        return "no change point"
+    failing = sum(cp.failing for cp in cps)
+    return (f"{len(cps)} change point{'s' if len(cps) != 1 else ''}"
+            + (f" ({failing} towards worse in the last {RECENT} runs)" if failing else ""))
+
+
+def changes_markdown(cps: Sequence[ChangePoint], level: str = "###") -> str:
+    """The change points as a markdown section (the failing ones first, then newest first), for summary.md and the report's index."""
+    out = [f"{level} Change points over the history", "", changes_tally(cps), ""]
+    if cps:
+        ordered = sorted(sorted(cps, key=lambda c: c.after.started, reverse=True), key=lambda c: not c.failing)
+        out += markdown_grid(CHANGE_HEADER, [change_cells(c) for c in ordered])
+    return "\n".join(out) + "\n"
