@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from moebench import hardware, provenance
-from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
+from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case,
                                         failing, one_line, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
@@ -137,14 +137,10 @@ class RunState:
             metrics = dict(measure())
         return Measurement(metrics, clocks.to_json(), clocks.throttled)
 
-    def _row(self, r: CaseResult) -> Row:
-        # The row shows the worst metric (the one that decided the verdict), else the primary one.
-        name = deciding_metric(r.comparisons, r.verdict, r.primary)
-        m = r.measurement.metrics.get(name) if name else None
-        c = r.comparisons.get(name) if name else None
-        return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",
-                   c.baseline if c else None, c.delta_pct if c else None,
-                   "; ".join(x for x in (r.explanation, r.note) if x) or (c.reason if c else ""))
+    @staticmethod
+    def _row(r: CaseResult) -> Row:
+        # From the results document's case, as the report's index reads it back: one tally for both.
+        return r.doc().row()
 
     def failure_line(self, r: CaseResult) -> str | None:
         """The one line a failing case reports, or None when the case passes the gate. Under
