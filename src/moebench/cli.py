@@ -25,10 +25,11 @@ from typing import Callable, Sequence
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
-from moebench.changes_cli import register as register_changes
+from moebench.changes_cli import read_changes, register as register_changes
+from moebench.history import load_history
 from moebench.results import ResultsError
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
-from moebench.runs import backend_matrix, compare_runs, load_run, load_runs
+from moebench.runs import backend_matrix, compare_runs, load_run
 
 EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
@@ -163,13 +164,16 @@ def _backends_table(args: argparse.Namespace, metric: str | None) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Trend plots per case over the runs, and index.html + index.md listing the latest verdicts."""
-    from moebench import plots
+    from moebench import plots, report_page
 
     try:
         plots.require_matplotlib()
     except plots.PlotsUnavailable as e:
         raise CliError(str(e)) from None
-    runs = load_runs(args.results)
+    history = load_history(args.results)  # a file that does not load is named and skipped
+    for line in history.skipped:
+        print(f"moebench report: skipped {line}", file=sys.stderr)
+    runs = history.runs
     _check_patterns(args.case, sorted({k for r in runs for k in r.cases}), " or ".join(args.results))
     if args.metric and not any(args.metric in c.metrics for r in runs for c in r.cases.values()):
         raise CliError(f"--metric {args.metric!r}: no case in the given runs has this metric")
@@ -179,8 +183,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise CliError(f"--baseline-dir {args.baseline_dir}: no such folder")
         baselines = {hw: BaselineSet.load(root, hw) for hw in {r.hardware_key for r in runs}}
-    rows, written = plots.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
-                                       case_filter=_matcher(args.case))
+    changes = read_changes(args.changes) if args.changes else None
+    rows, written = report_page.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
+                                             case_filter=_matcher(args.case), changes=changes)
     pngs = [p for p in written if p.suffix == ".png"]
     print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
                 [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
@@ -296,12 +301,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "run of its family on its hardware). Results files may be .json.gz. Needs "
                                    "matplotlib (pip install 'moebench[plots]')."),
                        epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
-    r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files, in any order (sorted by date)")
+    r.add_argument("results", nargs="+", metavar="RESULTS.json",
+                   help="results files or folders of them, in any order (sorted by date; unreadable ones named and skipped)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for plots/, index.html and index.md")
     r.add_argument("--metric", metavar="NAME", help="metric to plot (default: each case's primary)")
     r.add_argument("--baseline-dir", metavar="DIR",
                    help="draw the baselines stored here (default: the baseline each run recorded)")
     r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    r.add_argument("--changes", metavar="CHANGES.json", help="change points to mark and list (moebench changes --json)")
     r.set_defaults(func=cmd_report)
     register_changes(sub, fmt)
 

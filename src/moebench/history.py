@@ -18,7 +18,7 @@ from moebench.runs import load_run
 SUFFIXES = (".json", ".json.gz")
 
 
-class HistoryError(ValueError):
+class HistoryError(ResultsError):
     """A path given that is neither a folder nor a file, or a history with no usable run; one line."""
 
 
