@@ -97,9 +97,12 @@ def plot_backends(p: BackendPanel, path: Path) -> None:
     if with_floor:
         axes[0][1].set_ylabel("% of the memory floor, higher is better")
         axes[0][1].axhline(100, color="#999999", linewidth=1, linestyle="--")
+    ticks = sorted({x for pts in p.series.values() for x, _, _ in pts})
     for ax in axes[0]:
         ax.set_xlabel(p.x_label)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(p.title, fontsize=11)
@@ -122,6 +125,7 @@ def plot_breakdown(group: str, bars: list[tuple[str, dict[str, float]]], path: P
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     for i, total in enumerate(bottoms):
         ax.annotate(f"{total:.2f}", (i, total), textcoords="offset points", xytext=(0, 3), ha="center", fontsize=9)
+    ax.set_ylim(0, max(bottoms, default=1.0) * 1.1 or 1.0)  # room for the totals above the bars
     ax.set_xticks(range(len(bars)), [label for label, _ in bars], fontsize=9)
     ax.set_ylabel("ms per decode step (GPU time, profiled trial)")
     ax.set_title(group, fontsize=10)

@@ -47,13 +47,13 @@ class IndexRow:
 @dataclass
 class Page:
     """What the page shows: its title, the tally line, the rows, the change points (None: not looked
-    for), and the charts as (title, png path relative to the page)."""
+    for), and the charts as (section, caption, png path relative to the page)."""
 
     title: str
     summary: str
     rows: list[IndexRow]
     changes: list[ChangePoint] | None
-    charts: list[tuple[str, str]]
+    charts: list[tuple[str, str, str]]
     breakdown_md: str = ""
     breakdown_text: tuple[str, ...] = ()
 
@@ -113,7 +113,8 @@ def index_markdown(page: Page) -> str:
     out = [f"# {page.title}", "", page.summary, ""]
     if page.changes is not None:
         out += [changes_markdown(page.changes, "##")]
-    out += [f"## {title}\n\n![{title}]({png})\n" for title, png in page.charts]
+    for section in dict.fromkeys(s for s, _, _ in page.charts):
+        out += [f"## {section}", ""] + [f"![{caption}]({png})\n" for s, caption, png in page.charts if s == section]
     if page.breakdown_md:
         out += [page.breakdown_md]
     body = [[r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs),
@@ -134,7 +135,9 @@ def index_html(page: Page) -> str:
         "<!doctype html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{e(page.title)}</title>",
         "<style>body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
         "td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}"
-        "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img.t{width:360px}img.c{max-width:100%}"
+        "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img.t{width:360px}"
+        ".charts{display:flex;flex-wrap:wrap;gap:12px}.charts figure{margin:0;width:calc(50% - 6px);min-width:480px}"
+        ".charts img{width:100%}figcaption{font-size:90%;color:#555}"
         "code{font-size:90%}.tally{font-size:120%;font-weight:bold}.worse{color:#d62728}.better{color:#1f77b4}</style>",
         "</head><body>", f"<h1>{e(page.title)}</h1>", f"<p class=\"tally\">{e(page.summary)}</p>",
     ]
@@ -144,8 +147,11 @@ def index_html(page: Page) -> str:
         body = ["<tr>" + "".join(f"<td class=\"{'worse' if c.worse else 'better'}\">{e(x)}</td>" if i == 4 else
                                  f"<td>{e(x)}</td>" for i, x in enumerate(change_cells(c))) + "</tr>" for c in ordered]
         lines += _html_table(CHANGE_HEADER, body) if ordered else [f"<p>{e(changes_tally(ordered))}</p>"]
-    for title, png in page.charts:
-        lines += [f"<h2>{e(title)}</h2>", f"<img class=\"c\" src=\"{e(png)}\" alt=\"{e(title)}\">"]
+    for section in dict.fromkeys(s for s, _, _ in page.charts):
+        lines += [f"<h2>{e(section)}</h2>", "<div class=\"charts\">"]
+        lines += [f"<figure><a href=\"{e(png)}\"><img src=\"{e(png)}\" alt=\"{e(section)}: {e(caption)}\"></a>"
+                  f"<figcaption>{e(caption)}</figcaption></figure>" for s, caption, png in page.charts if s == section]
+        lines.append("</div>")
     lines += [f"<pre>{e(t)}</pre>" for t in page.breakdown_text]
     body = []
     for r in page.rows:
@@ -158,17 +164,17 @@ def index_html(page: Page) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _charts(cases: list[CaseDoc], out: Path) -> list[tuple[str, str]]:
-    """Draw the backends and breakdown charts of the latest cases; (title, relative png path) each."""
+def _charts(cases: list[CaseDoc], out: Path) -> list[tuple[str, str, str]]:
+    """Draw the backends and breakdown charts of the latest cases; (section, caption, relative png path) each."""
     charts = []
     for p in backend_panels(cases):
         png = f"charts/{png_name('backends ' + p.title, p.metric)}"
         plot_backends(p, out / png)
-        charts.append((f"MoE backends side by side: {p.title}", png))
+        charts.append(("MoE backends side by side", p.title, png))
     for group, bars in breakdown_groups(cases).items():
         png = f"charts/{png_name('breakdown ' + group, 'ms_per_step')}"
         plot_breakdown(group, bars, out / png)
-        charts.append((f"Decode step breakdown: {group}", png))
+        charts.append(("Decode step breakdown", group, png))
     return charts
 
 
@@ -195,7 +201,7 @@ def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None
     latest = list(runs[-1].cases.values()) if runs else []
     page = Page(title, summary_line(runs, rows, changes), rows, changes, _charts(cases, out),
                 breakdowns_markdown(latest, "##"), tuple(breakdowns_text(latest)))
-    written = [out / t.png for t in case_trends] + [out / png for _, png in page.charts]
+    written = [out / t.png for t in case_trends] + [out / png for _, _, png in page.charts]
     for name, text in (("index.md", index_markdown(page)), ("index.html", index_html(page))):
         atomic_write_text(out / name, text)
         written.append(out / name)
