@@ -8,7 +8,8 @@
 #   --job NAME           a job of ci/matrix.toml: its markers, timeout and GPU count (default: `cpu` in
 #                        CPU mode, `smoke` in GPU mode)
 #   --markers EXPR       the -m expression (overrides the job's)
-#   --out DIR            output folder (default: out/<job>-<UTC time>-<random>, a new folder per run)
+#   --out DIR            output folder (default: $MOEBENCH_OUT/<job>-<UTC time>-<random>, a new folder
+#                        per run; MOEBENCH_OUT defaults to out)
 #   --baseline-dir DIR   baselines to gate against (default: baselines)
 #   --storage URI        pytest-benchmark storage (default: file://$MOEBENCH_HOME/benchmark-storage;
 #                        elasticsearch+https://... works too, see ci/README.md)
@@ -88,9 +89,10 @@ fi
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 if [ -z "$out" ]; then
-  mkdir -p out || die "cannot create out/"
+  out_root="${MOEBENCH_OUT:-out}"
+  mkdir -p "$out_root" || die "cannot create $out_root"
   # mktemp: a new folder even for two runs started in the same second
-  out=$(mktemp -d "out/$job-$stamp-XXXXXX") || die "cannot create a folder under out/"
+  out=$(mktemp -d "$out_root/$job-$stamp-XXXXXX") || die "cannot create a folder under $out_root"
 fi
 if [ "${GITHUB_ACTIONS:-}" = true ]; then home_default="$HOME/.moebench"; else home_default="$root/.benchmarks/moebench"; fi
 home="${MOEBENCH_HOME:-$home_default}"

@@ -3,7 +3,7 @@ that move is big enough to report.
 
 The gate compares one run with one stored baseline, so a slow drift (1-3% a night, each night inside
 the tolerance) or a sub-tolerance step that stays passes it. Here the whole history of a case's metric
-is segmented by `ruptures` (PELT over a mean-shift cost, on the values scaled by the series' noise);
+is segmented by `ruptures` (PELT over a median-shift cost, on the values scaled by the series' noise);
 then each boundary is kept only when the level after it differs from the level before it by more than
 the series' reporting threshold: the larger of NOISE_FACTOR x its noise (the gate's "outside the
 noise") and half its tolerance. A boundary below the threshold is dropped and its segments merge, so
@@ -33,10 +33,13 @@ MIN_SEGMENT = 2
 MIN_RUNS = 2 * MIN_SEGMENT
 # Below this many runs the history's own night-to-night spread is not estimated (too few differences).
 HISTORY_NOISE_RUNS = 6
-# PELT's cost of one more segment, on values in units of the noise (a BIC-like 2 log n, doubled for
-# the heavier-than-normal tails of real timings). The reporting threshold, not this, keeps small
-# changes out; this keeps the segmentation from cutting the noise into pieces.
-PENALTY_PER_LOG_N = 4.0
+# PELT's cost of one more segment, in units of the noise, per log n of the history. The cost is "l1"
+# (absolute deviations from each segment's median): one odd night then cannot buy a segment of its own
+# with a neighbour, as it can under the squared cost. Chosen on the synthetic A/A histories of
+# docs/change-points.md (1.5 flagged a 10%-noise allreduce case; 2.0 none, and the quiet cases' drifts and
+# steps found in time). The reporting threshold, not this, keeps small changes out; this keeps the
+# segmentation from cutting the noise into pieces.
+PENALTY_PER_LOG_N = 2.0
 # A floor under the noise so a series of identical values (a stub, a cached figure) can be scaled.
 NOISE_FLOOR = 1e-4
 
@@ -163,7 +166,7 @@ def segment_ends(values: list[float], noise: float) -> list[int]:
     rpt = require_ruptures()
     mid = statistics.median(values)
     z = (np.asarray(values, dtype=float) / mid - 1.0) / noise
-    algo = rpt.Pelt(model="l2", min_size=MIN_SEGMENT, jump=1).fit(z.reshape(-1, 1))
+    algo = rpt.Pelt(model="l1", min_size=MIN_SEGMENT, jump=1).fit(z.reshape(-1, 1))
     return list(algo.predict(pen=PENALTY_PER_LOG_N * math.log(len(values))))
 
 

@@ -56,7 +56,7 @@ def load_history(paths: Iterable[str | Path]) -> History:
         except ResultsError as e:
             h.skipped.append(str(e))
     if not h.runs:
-        why = f" ({len(h.skipped)} skipped)" if h.skipped else ""
+        why = f" ({len(h.skipped)} skipped; the first: {h.skipped[0]})" if h.skipped else ""
         raise HistoryError(f"no moebench results file in {' '.join(map(str, paths))}{why}")
     h.runs.sort(key=lambda r: (r.started, r.path))
     return h
