@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import json
 import random
-import re
 from pathlib import Path
 from typing import Callable
 
@@ -39,11 +38,13 @@ def _night_template() -> dict:
 
 
 def write_history(folder: Path, nights: int, *, moves: Callable[[str, int], float] = lambda key, night: 1.0,
-                  spread: float = 0.003, seed: int = 0) -> list[Path]:
+                  spread: float = 0.003, seed: int = 0, only: str = "") -> list[Path]:
     """Write `nights` results files into `folder` (named by date, as ci/nightly.sh keeps them); returns
-    their paths, oldest first."""
+    their paths, oldest first. `only`: keep just the cases whose key contains it (fewer plots to draw)."""
     rng = random.Random(seed)
     template = _night_template()
+    template["cases"] = [c for c in template["cases"] if only in c["key"]]
+    template["not_measured"] = template["not_measured"][:1]
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for night in range(nights):
@@ -68,7 +69,3 @@ def step(key: str, at: int, by: float) -> Callable[[str, int], float]:
     """A move: case `key` slower by `by` (relative) from night `at` on."""
     return lambda k, night: 1 + by if k == key and night >= at else 1.0
 
-
-def case_token(key: str) -> str:
-    """The backend token of a GEMM key ('torch_bmm')."""
-    return re.sub(r".*-", "", key.rstrip("]"))
