@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -75,10 +76,13 @@ def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
 
 # --- the closing verdict table ------------------------------------------------------------------
 
-# Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
-# is what the reader came for, and as the last column it only wraps.
-CELL_WIDTH = 90
+# The closing table fits a terminal of WIDTH columns: notes wrap inside their column, and when the case ids
+# are too long for one line per case, each case takes two (the id alone, then its figures). A case id is
+# never cut; a note longer than NOTE_WIDTH is (a failure's first line can be a whole repr).
+WIDTH = 120
 NOTE_WIDTH = 200
+# The narrowest note column worth wrapping into; below it the long layout (two lines a case) is used.
+MIN_NOTE = 24
 
 
 def clip(text: str, width: int) -> str:
@@ -125,10 +129,35 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
     return out
 
 
-def text_table(rows: Iterable[Row]) -> str:
-    """The verdict table for the terminal: cells clipped to CELL_WIDTH, the note (last) to NOTE_WIDTH."""
-    limits = [CELL_WIDTH] * (len(HEADER) - 1) + [NOTE_WIDTH]
-    return table(HEADER, [[clip(c, w) for c, w in zip(_cells(r), limits)] for r in display_rows(rows)])
+def _wrapped(line: str, note: str, indent: int, width: int) -> list[str]:
+    """`line` with `note` after it, wrapped at `width`, continuation lines indented to `indent`."""
+    room = max(width - indent, MIN_NOTE)
+    parts = textwrap.wrap(note, room, break_long_words=True, break_on_hyphens=False) or [""]
+    return [(line + parts[0]).rstrip()] + [" " * indent + p for p in parts[1:]]
+
+
+def text_table(rows: Iterable[Row], width: int = WIDTH) -> str:
+    """The verdict table for a terminal of `width` columns (notes clipped to NOTE_WIDTH and wrapped)."""
+    cells = [_cells(r)[:-1] + [clip(_cells(r)[-1], NOTE_WIDTH)] for r in display_rows(rows)]
+    widths = [max(len(c[i]) for c in [HEADER, *cells]) for i in range(len(HEADER) - 1)]
+    if sum(widths) + 2 * len(widths) + MIN_NOTE <= width:  # one line per case
+        indent = sum(widths) + 2 * len(widths)
+        pad = lambda c: "".join(x.ljust(w + 2) for x, w in zip(c, widths))
+        out = [pad(HEADER[:-1]) + HEADER[-1], "  ".join("-" * w for w in widths) + "  " + "-" * len(HEADER[-1])]
+        for c in cells:
+            out += _wrapped(pad(c[:-1]), c[-1], indent, width)
+        return "\n".join(out)
+    # Two lines per case: the verdict and the whole case id, then the figures and the note under the id.
+    lead = widths[0] + 2
+    figures = widths[2:]
+    pad = lambda c: " " * lead + "".join(x.ljust(w + 2) for x, w in zip(c, figures))
+    indent = lead + sum(figures) + 2 * len(figures)
+    out = [HEADER[0].ljust(lead) + HEADER[1], pad(HEADER[2:-1]) + HEADER[-1],
+           "-" * widths[0] + "  " + "-" * (width - lead)]
+    for c in cells:
+        out.append(c[0].ljust(lead) + c[1])
+        out += _wrapped(pad(c[2:-1]), c[-1], indent, width)
+    return "\n".join(out)
 
 
 def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
