@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from moebench.baselines.store import BaselineSet
 from moebench.changes import ChangePoint
+from moebench.plots import parse_date
 
 _FIELDS = {"case": True, "after": True, "reason": True, "metric": False, "hardware": False}
 
@@ -85,11 +85,6 @@ def _note(e: object, where: str) -> Note:
     return Note(**{k: e[k].strip() for k in e})
 
 
-def _date(s: str) -> datetime:
-    d = datetime.fromisoformat(s.replace("Z", "+00:00"))
-    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
-
-
 def acknowledged_by_baseline(cp: ChangePoint, baselines: BaselineSet) -> bool:
     """Whether the case's stored entry was recorded at or after the run after the change (its new level
     is the baseline now). An entry without a provenance date (an external figure) acknowledges nothing."""
@@ -98,6 +93,6 @@ def acknowledged_by_baseline(cp: ChangePoint, baselines: BaselineSet) -> bool:
     if not isinstance(date, str):
         return False
     try:
-        return _date(date) >= _date(cp.after.started)
+        return parse_date(date) >= parse_date(cp.after.started)
     except ValueError:
         return False
