@@ -186,7 +186,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     changes = read_changes(args.changes) if args.changes else None
     rows, written = report_page.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
                                              case_filter=_matcher(args.case), changes=changes)
-    pngs = [p for p in written if p.suffix == ".png"]
+    pngs = [p for p in written if p.suffix == ".png" and p.parent.name == "plots"]  # the trends, not the charts
     print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
                 [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
                 right=(3, 4, 5, 6)))
