@@ -32,7 +32,7 @@ def test_a_recent_step_is_one_line_beginning_with_the_case_id_and_exit_1(tmp_pat
 
 
 def test_an_older_step_is_printed_but_does_not_fail_and_a_quiet_history_says_so(tmp_path, capsys):
-    write_history(tmp_path / "old", 12, moves=step(STEP_CASE, 5, 0.10))
+    write_history(tmp_path / "old", 12, moves=step(STEP_CASE, 8, 0.10))
     code, out, _ = _changes(capsys, tmp_path / "old")
     assert code == 0 and out[0].startswith(STEP_CASE) and "worse (" in out[0]
     write_history(tmp_path / "quiet", 12)

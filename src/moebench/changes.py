@@ -5,8 +5,8 @@ The gate compares one run with one stored baseline, so a slow drift (1-3% a nigh
 the tolerance) or a sub-tolerance step that stays passes it. Here the whole history of a case's metric
 is segmented by `ruptures` (PELT over a median-shift cost, on the values scaled by the series' noise);
 then each boundary is kept only when the level after it differs from the level before it by more than
-the series' reporting threshold: the larger of CHANGE_NOISE_FACTOR x its noise and half its
-tolerance. A boundary below the threshold is dropped and its segments merge, so a drift that moves a
+the series' reporting threshold: the larger of NOISE_FACTOR x its noise (the gate's "outside the
+noise") and half its tolerance; the level before it must span MIN_REFERENCE runs. A boundary below the threshold is dropped and its segments merge, so a drift that moves a
 little each night is reported where it has added up to the threshold.
 
 The noise judged against is the larger of the runs' own recorded spread (median over the history) and
@@ -30,7 +30,6 @@ RECENT = 3
 # Shortest segment on either side of a change point: one odd night is an outlier, not a new level. It
 # also sets the earliest a step can be found: the second night after it.
 MIN_SEGMENT = 2
-MIN_RUNS = 2 * MIN_SEGMENT
 # Below this many runs the history's own night-to-night spread is not estimated (too few differences).
 HISTORY_NOISE_RUNS = 6
 # PELT's cost of one more segment, in units of the noise, per log n of the history. The cost is "l1"
@@ -40,11 +39,12 @@ HISTORY_NOISE_RUNS = 6
 # cases' drifts and steps later. The reporting threshold, not this, keeps small changes out; this keeps
 # the segmentation from cutting the noise into pieces.
 PENALTY_PER_LOG_N = 2.0
-# A change must exceed this many times the series' noise (and half its tolerance) to be reported: one
-# more than the gate's NOISE_FACTOR, because the level of a two-night segment is itself noisy and the
-# comparison is repeated at every boundary of every series every night. With the gate's 2, the synthetic
-# A/A (docs/change-points.md) flagged one 7%-noise allreduce case in 980 histories; with 3, none.
-CHANGE_NOISE_FACTOR = NOISE_FACTOR + 1.0
+# A level is a reference for a change only once it spans this many runs: the median of fewer nights is
+# itself too noisy (the synthetic A/A of docs/change-points.md flagged a 7%-noise allreduce case in 1 of
+# 980 histories, two high nights after six: 22% against a threshold of 14%). A new history gates
+# nothing in its first MIN_REFERENCE nights; the baseline gate does meanwhile.
+MIN_REFERENCE = 8
+MIN_RUNS = MIN_REFERENCE + MIN_SEGMENT
 # A floor under the noise so a series of identical values (a stub, a cached figure) can be scaled.
 NOISE_FLOOR = 1e-4
 
@@ -158,9 +158,9 @@ def series_noise(series: Series) -> float:
 
 
 def threshold(series: Series, noise: float) -> float:
-    """The smallest relative change reported: CHANGE_NOISE_FACTOR x the noise, and half the case's
-    tolerance."""
-    return max(CHANGE_NOISE_FACTOR * noise, series.rel_tol / 2)
+    """The smallest relative change reported: outside the noise band (NOISE_FACTOR x noise, as the gate
+    reads "outside the noise") and at least half the case's tolerance."""
+    return max(NOISE_FACTOR * noise, series.rel_tol / 2)
 
 
 def segment_ends(values: list[float], noise: float) -> list[int]:
@@ -187,6 +187,8 @@ def find_changes(series: Series) -> list[ChangePoint]:
     out: list[ChangePoint] = []
     start = 0  # the reference level: everything since the last reported change
     for here, nxt in zip(ends, ends[1:]):
+        if here - start < MIN_REFERENCE:
+            continue  # too few runs to be a level: this segment joins the reference
         before = statistics.median(values[start:here])
         after = statistics.median(values[here:nxt])
         change = after / before - 1.0
