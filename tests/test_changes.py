@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aa_histories import CaseSpread, committed_cases, history, nights_to_detect
-from moebench.changes import RunPoint, Series, find_changes
+from moebench.changes import RunPoint, Series, find_changes, series_noise
 
 pytest.importorskip("ruptures", reason="ruptures (the history extra) is not installed")
 
@@ -82,3 +82,10 @@ def test_a_slow_drift_is_reported_where_it_adds_up():
     values = [100.0] * 10 + [100.0 * (1 + 0.01 * i) for i in range(1, 9)]
     cps = find_changes(_series(values))
     assert cps and all(c.worse for c in cps) and cps[0].level_after / 100.0 - 1 > 0.025
+
+
+def test_the_noise_judged_against_is_the_history_s_own_when_the_runs_undersell_it():
+    """Runs that each record 0.1% spread but wander 3% from night to night: a 5% step is inside that."""
+    wander = [100.0, 103.0, 97.0, 101.5, 98.0, 103.5, 96.5, 100.5, 102.0, 98.5, 101.0, 97.5]
+    assert series_noise(_series(wander, noise=0.001)) > 0.02
+    assert find_changes(_series(wander + [105.0, 108.0, 102.0], noise=0.001)) == []

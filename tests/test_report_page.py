@@ -129,3 +129,18 @@ def test_the_page_in_a_real_headless_browser(page, tmp_path):
     assert _colour_share(top, (0xd6, 0x27, 0x28)) > 1e-4  # "+10.2% worse, recent" in the change points table
     assert _colour_share(charts, (0xff, 0x7f, 0x0e)) > 1e-4  # a backend's line (matplotlib's orange)
     assert _colour_share(charts, (0x1f, 0x77, 0xb4)) > 1e-4  # and another (blue): the images loaded
+
+
+def test_the_charts_read_the_backends_over_m_and_the_breakdown_per_kernel_from_the_results(tmp_path):
+    from moebench.charts import backend_panels, breakdown_groups
+
+    run = load_run(write_history(tmp_path, 1)[0])
+    panels = {p.title: p for p in backend_panels(list(run.cases.values()))}
+    fused = panels["tiny tp8 fused bf16 decode"]
+    assert len(panels) == 4 and sorted(fused.series) == ["torch_bmm", "torch_grouped_mm", "torch_loop"]
+    assert [x for x, _, _ in fused.series["torch_bmm"]] == [1, 4, 16] and fused.metric == "wall_us"
+    value = run.cases["gemm[tiny-tp8-fused-m4-bf16-decode-torch_bmm]"].metrics["wall_us"].metric.value
+    assert fused.series["torch_bmm"][1][1] == value and fused.series["torch_bmm"][1][2] is not None
+    ((group, bars),) = breakdown_groups(list(run.cases.values())).items()
+    assert [label for label, _ in bars] == ["moe_auto", "moe_moebench_w4"] and "moe_" not in group
+    assert bars[1][1]["routed_experts"] == 1.13 and len(bars[0][1]) == 8
