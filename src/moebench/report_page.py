@@ -135,7 +135,7 @@ def index_html(page: Page) -> str:
         "<!doctype html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{e(page.title)}</title>",
         "<style>body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse;margin-bottom:1em}"
         "td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}"
-        "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img.t{width:360px}"
+        "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img.t{width:320px}.n{max-width:30em;font-size:90%}.k{max-width:24em;overflow-wrap:anywhere}"
         ".charts{display:flex;flex-wrap:wrap;gap:12px}.charts figure{margin:0;width:calc(50% - 6px);min-width:480px}"
         ".charts img{width:100%}figcaption{font-size:90%;color:#555}"
         "code{font-size:90%}.tally{font-size:120%;font-weight:bold}.worse{color:#d62728}.better{color:#1f77b4}</style>",
@@ -157,9 +157,9 @@ def index_html(page: Page) -> str:
     for r in page.rows:
         colour = VERDICT_COLOURS.get(r.verdict, "#000000")
         img = f"<a href=\"{e(r.png)}\"><img class=\"t\" src=\"{e(r.png)}\" alt=\"trend of {e(r.key)}\"></a>" if r.png else "-"
-        body.append(f"<tr><td class=\"v\" style=\"background:{colour}\">{e(r.verdict)}</td><td><code>{e(r.key)}</code></td>"
+        body.append(f"<tr><td class=\"v\" style=\"background:{colour}\">{e(r.verdict)}</td><td class=\"k\"><code>{e(r.key)}</code></td>"
                     f"<td>{e(r.metric)}</td><td>{e(r.value)}</td><td>{e(r.baseline)}</td><td>{e(r.delta)}</td>"
-                    f"<td>{r.runs}</td><td>{img}</td><td>{e(r.note)}</td></tr>")
+                    f"<td>{r.runs}</td><td>{img}</td><td class=\"n\">{e(r.note)}</td></tr>")
     lines += ["<h2>Cases</h2>", *_html_table(CASE_HEADER[:7] + ["trend", "note"], body), "</body></html>"]
     return "\n".join(lines) + "\n"
 
