@@ -6,8 +6,9 @@ the tolerance) or a sub-tolerance step that stays passes it. Here the whole hist
 is segmented by `ruptures` (PELT over a median-shift cost, on the values scaled by the series' noise);
 then each boundary is kept only when the level after it differs from the level before it by more than
 the series' reporting threshold: the larger of NOISE_FACTOR x its noise (the gate's "outside the
-noise") and half its tolerance; the level before it must span MIN_REFERENCE runs. A boundary below the threshold is dropped and its segments merge, so a drift that moves a
-little each night is reported where it has added up to the threshold.
+noise") and half its tolerance; the level before it must span MIN_REFERENCE runs. A boundary below the
+threshold is dropped and its segments merge, so a drift that moves a little each night is reported
+where it has added up to the threshold.
 
 The noise judged against is the larger of the runs' own recorded spread (median over the history) and
 the spread between consecutive nights that the history itself shows (once it has HISTORY_NOISE_RUNS

@@ -30,15 +30,15 @@ EXIT_OK, EXIT_FOUND, EXIT_USAGE = 0, 1, 2
 
 def register(sub: argparse._SubParsersAction, formatter) -> None:
     """Add `changes` to the `moebench` command's subparsers."""
-    c = sub.add_parser(
-        "changes", formatter_class=formatter, help="change points over a nightly history; exit 1 on a recent worse one",
-        description=textwrap.fill("Find change points in each case's gated metrics over the runs in the folders (results files, "
-                    "any families, ordered by their start date): one line per change, beginning with the case id, "
-                    "with the runs before and after it, its size and direction, and the noise it was judged "
-                    "against. A change smaller than the noise band or half the case's tolerance is not reported. "
-                    f"Exit 1 when a change towards worse lies in a series' last {RECENT} runs, 2 on bad input.", 96),
-        epilog="example: moebench changes ~/.moebench/history/nvidia-h200-x1 --baseline-dir baselines "
-               "--acknowledged ci/acknowledged-changes.toml")
+    about = ("Find change points in each case's gated metrics over the runs in the folders (results files, any "
+             "families, ordered by their start date): one line per change, beginning with the case id, with the runs "
+             "before and after it, its size and direction, and the noise it was judged against. A change smaller "
+             "than the noise band or half the case's tolerance is not reported. Exit 1 when a change towards worse "
+             f"lies in a series' last {RECENT} runs, 2 on bad input.")
+    c = sub.add_parser("changes", formatter_class=formatter, description=textwrap.fill(about, 96),
+                       help="change points over a nightly history; exit 1 on a recent worse one",
+                       epilog="example: moebench changes ~/.moebench/history/nvidia-h200-x1 --baseline-dir baselines "
+                              "--acknowledged ci/acknowledged-changes.toml")
     c.add_argument("folders", nargs="+", metavar="DIR", help="folders of results files (searched recursively), or files")
     c.add_argument("--baseline-dir", metavar="DIR",
                    help="a change is acknowledged when its case's baseline here was recorded after it")

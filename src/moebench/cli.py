@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "matplotlib (pip install 'moebench[plots]')."),
                        epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
     r.add_argument("results", nargs="+", metavar="RESULTS.json",
-                   help="results files or folders of them, in any order (sorted by date; unreadable ones named and skipped)")
+                   help="results files or folders of them, in any order (sorted by date; unreadable ones skipped)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for plots/, index.html and index.md")
     r.add_argument("--metric", metavar="NAME", help="metric to plot (default: each case's primary)")
     r.add_argument("--baseline-dir", metavar="DIR",
