@@ -8,21 +8,27 @@
 #   --job NAME           a job of ci/matrix.toml: its markers, timeout and GPU count (default: `cpu` in
 #                        CPU mode, `smoke` in GPU mode)
 #   --markers EXPR       the -m expression (overrides the job's)
-#   --out DIR            output folder (default: out/<job>-<UTC time>)
+#   --out DIR            output folder (default: $MOEBENCH_OUT/<job>-<UTC time>-<random>, a new folder
+#                        per run; MOEBENCH_OUT defaults to out)
 #   --baseline-dir DIR   baselines to gate against (default: baselines)
 #   --storage URI        pytest-benchmark storage (default: file://$MOEBENCH_HOME/benchmark-storage;
 #                        elasticsearch+https://... works too, see ci/README.md)
 #   --history DIR        where results files are kept for the trend plots (default: $MOEBENCH_HOME/history)
-#   --timeout-minutes N  the job's limit; pytest is interrupted (SIGINT) early enough to still write
-#                        what it measured (default: the job's timeout_minutes)
+#   --timeout-minutes N  the job's limit, at least 1; pytest is interrupted (SIGINT) early enough to
+#                        still write what it measured (default: the job's timeout_minutes)
+#   --acknowledged FILE  accepted change points for `moebench changes` (default: ci/acknowledged-changes.toml)
 #   --strict/--no-strict --baseline-strict (NEW and STALE fail); default on in GPU mode, off in CPU mode
 #   --record             write the measured values into --baseline-dir (--baseline-update) instead of
 #                        proposing them, never strict: the record half of record-then-gate (ci/lent.sh)
 #   --no-plots           skip the trend plots (a machine without matplotlib); the comparison stays
 #
 # Writes into the output folder: results.json, summary.md, junit.xml, pytest.log, proposed-baselines/ (not with --record),
-# machine/ (ci/snapshot.sh), report/ (plots/*.png, index.html, index.md), compare-previous.txt.
-# Exit code: pytest's (1 when a case regressed), else non-zero if the report could not be made.
+# machine/ (ci/snapshot.sh), report/ (plots/*.png, index.html, index.md), compare-previous.txt,
+# changes.txt / changes.json / changes.md (`moebench changes` over this job's history; also in summary.md).
+# The run joins the history as <hardware-key>/<job>/<UTC time>-<random>.json: two runs started in the
+# same second keep both. A history file that does not load is skipped with one line naming it.
+# Exit code: pytest's (1 when a case regressed), else 1 when `moebench changes` found a change towards
+# worse in the last 3 runs, else non-zero if the report could not be made.
 # MOEBENCH_HOME: $HOME/.moebench under GitHub Actions (it outlives the workspace on a self-hosted
 # runner), else .benchmarks/moebench in this checkout. PYTHON: the interpreter (default python3).
 set -uo pipefail
@@ -35,6 +41,7 @@ export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moeb
 die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
 
 mode=auto job="" markers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
+acknowledged=ci/acknowledged-changes.toml
 record=0 plots=1
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -47,6 +54,7 @@ while [ $# -gt 0 ]; do
     --storage) storage="${2:?--storage needs a URI}"; shift ;;
     --history) history="${2:?--history needs a folder}"; shift ;;
     --timeout-minutes) timeout_min="${2:?--timeout-minutes needs a number}"; shift ;;
+    --acknowledged) acknowledged="${2:?--acknowledged needs a file}"; shift ;;
     --strict) strict=1 ;;
     --no-strict) strict=0 ;;
     --record) record=1 ;;
@@ -66,6 +74,7 @@ matrix() { "$py" ci/matrix.py --job "$job" --field "$1"; }
 [ -n "$markers" ] || markers=$(matrix markers) || die "cannot read job '$job' from ci/matrix.toml"
 [ -n "$timeout_min" ] || timeout_min=$(matrix timeout_minutes) || die "cannot read job '$job' from ci/matrix.toml"
 case "$timeout_min" in ''|*[!0-9]*) die "--timeout-minutes '$timeout_min': not a whole number of minutes" ;; esac
+[ "$timeout_min" -ge 1 ] || die "--timeout-minutes $timeout_min: must be at least 1 (there is no 'no limit')"
 gpus=$(matrix gpus 2>/dev/null || echo 0)
 [ -n "$strict" ] || strict=$([ "$mode" = gpu ] && echo 1 || echo 0)
 [ "$record" = 1 ] && strict=0  # a record writes NEW entries: strict would refuse what it is there to write
@@ -79,7 +88,12 @@ elif [ -z "${CUDA_VISIBLE_DEVICES+x}" ] && [ "${gpus:-0}" -gt 0 ]; then
 fi
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-[ -n "$out" ] || out="out/$job-$stamp"
+if [ -z "$out" ]; then
+  out_root="${MOEBENCH_OUT:-out}"
+  mkdir -p "$out_root" || die "cannot create $out_root"
+  # mktemp: a new folder even for two runs started in the same second
+  out=$(mktemp -d "$out_root/$job-$stamp-XXXXXX") || die "cannot create a folder under $out_root"
+fi
 if [ "${GITHUB_ACTIONS:-}" = true ]; then home_default="$HOME/.moebench"; else home_default="$root/.benchmarks/moebench"; fi
 home="${MOEBENCH_HOME:-$home_default}"
 [ -n "$storage" ] || storage="${MOEBENCH_BENCHMARK_STORAGE:-file://$home/benchmark-storage}"
@@ -110,15 +124,34 @@ case "$rc" in
   *) echo "== pytest exited $rc" ;;
 esac
 
-# --- keep the run, compare it with the previous one of this job, plot the trends.
-report_rc=0
+# --- keep the run, compare it with the previous one of this job, find change points, plot the trends.
+loads() {  # loads FILE: whether moebench reads FILE as a results file
+  "$py" -c 'import sys
+from moebench.results import ResultsError
+from moebench.runs import load_run
+try:
+    load_run(sys.argv[1])
+except ResultsError:
+    sys.exit(1)' "$1" 2>/dev/null
+}
+report_rc=0 changes_rc=0 kept=""
 if [ -f "$out/results.json" ]; then
   hw=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["hardware_key"])' "$out/results.json")
   keep="$history/$hw/$job"
   mkdir -p "$keep"
-  past=("$keep"/*.json)  # <UTC time>.json: the glob's order is the time order
-  prev="${past[*]: -1}"
-  cp "$out/results.json" "$keep/$stamp.json"
+  past=("$keep"/*.json)  # <UTC time>[-<random>].json: the glob's order is the time order
+  prev=""
+  for ((i = ${#past[@]} - 1; i >= 0; i--)); do  # the newest that loads (`moebench changes` names the others)
+    if loads "${past[i]}"; then prev="${past[i]}"; break; fi
+  done
+  # A unique name (mktemp), filled through a hidden temporary file and a rename: a reader never sees
+  # half a file, and two runs started in the same second keep both.
+  if kept=$(mktemp "$keep/$stamp-XXXXXX.json") && cp "$out/results.json" "$keep/.tmp-$(basename "$kept")" &&
+     mv "$keep/.tmp-$(basename "$kept")" "$kept"; then
+    echo "== kept as $kept"
+  else
+    echo "== could not keep the run in $keep"; kept=""; report_rc=1
+  fi
   if [ -n "$prev" ]; then
     "$py" -m moebench.cli compare "$prev" "$out/results.json" >"$out/compare-previous.txt" 2>&1
     echo "== against the previous $job run ($(basename "$prev")): $(tail -n 1 "$out/compare-previous.txt")"
@@ -127,20 +160,47 @@ if [ -f "$out/results.json" ]; then
         echo '```'; cat "$out/compare-previous.txt"; echo '```'; echo "</details>"; } >>"$GITHUB_STEP_SUMMARY"
     fi
   fi
+  # The stored baselines draw the line and band, and acknowledge the change points they were recorded after.
+  with_baselines=()
+  [ -d "$baseline_dir" ] && with_baselines=(--baseline-dir "$baseline_dir")
+  with_changes=()
+  if "$py" -c 'import ruptures' 2>/dev/null; then
+    echo "== change points over this job's history ($keep):"
+    "$py" -m moebench.cli changes "$keep" "${with_baselines[@]}" --acknowledged "$acknowledged" \
+      --json "$out/changes.json" --markdown "$out/changes.md" 2>&1 | tee "$out/changes.txt"
+    changes_rc=${PIPESTATUS[0]}
+    if [ -f "$out/changes.md" ]; then
+      { echo; cat "$out/changes.md"; } >>"$out/summary.md"
+      [ -z "${GITHUB_STEP_SUMMARY:-}" ] || { echo; cat "$out/changes.md"; } >>"$GITHUB_STEP_SUMMARY"
+      with_changes=(--changes "$out/changes.json")
+    fi
+    [ "$changes_rc" -le 1 ] || report_rc=$changes_rc
+  else
+    echo "== change points: not looked for (ruptures is not installed: pip install 'moebench[history]')"
+  fi
   # The last 90 runs of this job on this hardware: a quarter of nightly history in one plot.
   runs=("$keep"/*.json)
   first=$((${#runs[@]} > 90 ? ${#runs[@]} - 90 : 0))
-  # The stored baselines draw the line and band; without a baseline folder, each run's recorded baseline.
-  with_baselines=()
-  [ -d "$baseline_dir" ] && with_baselines=(--baseline-dir "$baseline_dir")
   if [ "$plots" = 1 ]; then
-    "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" || report_rc=$?
+    # Its "skipped FILE" lines are left out when `moebench changes` has already named those files.
+    skipped_named='^moebench report: skipped '
+    [ -f "$out/changes.json" ] || skipped_named='^$^'
+    { "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" "${with_changes[@]}" \
+        2>&1 1>&3 | grep -v "$skipped_named" >&2; plot_rc=${PIPESTATUS[0]}; } 3>&1
+    [ "$plot_rc" -eq 0 ] || report_rc=$plot_rc
   fi
 else
   echo "== no results file: pytest stopped before the end of the session (see $out/pytest.log)"
   report_rc=1
 fi
 
-echo "== wrote $out: results.json summary.md junit.xml proposed-baselines/ report/index.html machine/"
+# Only what is there: a run stopped early has no report, a --record run no proposed baselines.
+wrote=()
+for f in results.json summary.md junit.xml pytest.log proposed-baselines/ machine/ compare-previous.txt changes.txt \
+         report/index.html; do
+  [ -e "$out/$f" ] && wrote+=("$f")
+done
+echo "== wrote $out: ${wrote[*]:-nothing}${kept:+; history $kept}"
 if [ "$rc" -ne 0 ]; then exit "$rc"; fi
+if [ "$changes_rc" -eq 1 ]; then exit 1; fi
 exit "$report_rc"

@@ -4,12 +4,12 @@
 # build backend, and the pins in pyproject.toml leave installed packages alone when they fit.
 #   PYTHON               the interpreter (default python3; point it at a venv's python to use one)
 #   MOEBENCH_SETUP=skip  use the environment as it is (a prepared image), only print versions
-#   MOEBENCH_EXTRAS      extras to install (default: plots; e.g. "plots,vllm")
+#   MOEBENCH_EXTRAS      extras to install (default: plots,history; e.g. "plots,history,vllm")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py="${PYTHON:-python3}"
 if [ "${MOEBENCH_SETUP:-}" != skip ]; then
-  "$py" -m pip install --disable-pip-version-check -q --no-build-isolation -e ".[${MOEBENCH_EXTRAS:-plots}]"
+  "$py" -m pip install --disable-pip-version-check -q --no-build-isolation -e ".[${MOEBENCH_EXTRAS:-plots,history}]"
 fi
 "$py" - <<'PY'
 from importlib import metadata

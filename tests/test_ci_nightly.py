@@ -57,7 +57,10 @@ def test_cpu_mode_writes_results_summary_junit_and_plots(nightly):
     assert "<testcase" in (out / "junit.xml").read_text()
     assert json.loads((out / "machine" / "fingerprint.json").read_text())["hardware_key"] == hw
     assert list((out / "report" / "plots").glob("*.png"))
-    assert "2 runs" in (out / "report" / "index.md").read_text()
+    index = (out / "report" / "index.md").read_text()
+    assert "2 runs" in index
+    # One tally: the report's top line is summary.md's (733d5c3's report recounted by the plotted metric).
+    assert f"latest run: {(out / 'summary.md').read_text().splitlines()[2]}" in index
     assert (out / "report" / "index.html").exists()
     load_file(out / "proposed-baselines" / hw / "selfcheck.json", hardware_key=hw, family="selfcheck")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench import plots
+from moebench import plots, report_page
 from moebench.cli import main
 from moebench.runs import load_runs
 
@@ -31,7 +31,7 @@ def test_report_writes_a_png_per_case_and_the_index(tmp_path, capsys):
     md = (out / "index.md").read_text()
     html = (out / "index.html").read_text()
     name = plots.png_name(COPY, "copy_GBps")
-    assert f"[png](plots/{name})" in md and f'<img src="plots/{name}"' in html
+    assert f"[png](plots/{name})" in md and f'src="plots/{name}"' in html
     # The latest run's not-measured tests are listed too (the do_bench selfcheck failed there).
     assert "| ERROR | `benchmarks/test_selfcheck.py::test_graph_timer_agrees_with_do_bench` |" in md
     assert md.index("| ERROR |") < md.index("| NEW |")  # worst first
@@ -51,7 +51,7 @@ def test_trend_uses_the_stored_baseline_and_its_tolerance(tmp_path):
     base = doc["entries"][COPY]["metrics"]["copy_GBps"]["value"]
     assert [p.baseline for p in t.points] == [base, base] and t.latest.rel_tol == 0.07
     assert t.unit == "GB/s" and t.direction == "higher" and t.points[0].when < t.points[1].when
-    rows, written = plots.write_report(runs, tmp_path / "r", baselines={"nvidia-h200-x1": BaselineSet.load(root, "nvidia-h200-x1")})
+    rows, written = report_page.write_report(runs, tmp_path / "r", baselines={"nvidia-h200-x1": BaselineSet.load(root, "nvidia-h200-x1")})
     row = next(r for r in rows if r.key == COPY)
     assert row.baseline.endswith("GB/s") and row.delta.endswith("%") and row.runs == 2
 
@@ -65,7 +65,7 @@ def test_runs_are_sorted_by_date_and_a_case_gone_from_the_latest_is_missing(tmp_
     p.write_text(json.dumps(later))
     runs = load_runs([p, *RUNS])
     assert runs[-1].path == str(p)
-    rows = plots.index_rows(plots.trends(runs), runs)
+    rows = report_page.index_rows(plots.trends(runs), runs)
     row = next(r for r in rows if r.key == COPY)
     assert row.verdict == "MISSING" and "not in the latest selfcheck run on nvidia-h200-x1" in row.note
 

@@ -30,6 +30,10 @@ def test_collect_only_on_cpu():
     assert "Traceback" not in out.stdout + out.stderr
     items = [line for line in out.stdout.splitlines() if "::" in line]
     assert re.search(rf"^{len(items)}(/\d+)? tests collected", out.stdout, re.M), out.stdout[-500:]
+    # Without -m, everything deselected is a `full` case, and the run says so (733d5c3 printed a bare count).
+    deselected = re.search(r"\((\d+) deselected\)", out.stdout)
+    assert deselected and (f"moebench: {deselected[1]} of the deselected are outside the default selection "
+                           "(the full product of the axes, marker `full`: -m full runs them)") in out.stdout
     # What is collected: cases of every family's test, and the four self-checks.
     per_test = collections.Counter(item.split("[")[0] for item in items)
     assert set(per_test) == {f"benchmarks/test_{f}.py::test_{f}" for f in ("allreduce", "decode", "gemm")} | {

@@ -77,3 +77,19 @@ def test_one_line_higher_is_better_and_without_baseline():
     new = one_line("d[x]", "tok_s", compare_metric(Metric(45, "tok/s", "higher"), None), "tok/s")
     assert new == "NEW d[x] tok_s: 45 tok/s, no baseline"
     assert "\n" not in new
+
+
+LONG = "decode[kimi-k2.5-int4-rank-vllm-server-tp1-int4-g32-moe_auto-attn_auto-graph-p64-o128]"
+
+
+def test_the_closing_table_fits_120_columns_and_never_cuts_a_case_id():
+    """733d5c3's table was 350 wide and cut a decode case id with '...'."""
+    note = "moved most: routed experts +8.0%: 1.43 -> 1.545 ms/step; attention: FLASH_ATTN_MLA -> TRITON_MLA " * 2
+    rows = [Row("t::a", LONG, "REGRESSION", "ms_per_token", 7.5, "ms", 6.83, 9.8, note),
+            Row("t::b", "gemm[kimi-k2.5-tp8-fused-m1-bf16-decode-triton]", "PASS", "graph_us", 24.3, "us", 24.2, 0.4)]
+    lines = text_table(rows).splitlines()
+    assert max(map(len, lines)) <= 120 and f"REGRESSION  {LONG}" in lines
+    words = " ".join(line.strip() for line in lines[lines.index(f"REGRESSION  {LONG}") + 1:][:4])
+    assert "6.83 ms" in words and note.split()[-1] in words  # the note is wrapped, not cut
+    short = text_table(rows[1:]).splitlines()  # short ids keep one line per case
+    assert len(short) == 3 and short[2].startswith("PASS     gemm[kimi-k2.5-tp8-fused-m1-bf16-decode-triton]  graph_us")

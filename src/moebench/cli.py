@@ -5,6 +5,7 @@
     moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
     moebench aa --runs N --out DIR -- ARGS    a selection in N processes: spread between them, false alarms
     moebench report RESULTS... --out DIR      trend plots per case and an index page
+    moebench changes DIR...                   change points over a nightly history
     moebench predict DECODE.json ALLREDUCE    TP-N ms/token from a rank's decode and a box's allreduce
 
 Exit codes: 0 fine, 1 the comparison found what --fail-on names (a regression by default), 2 bad input
@@ -25,7 +26,9 @@ from moebench import cli_aa, cli_baselines
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
+from moebench.changes_cli import read_changes, register as register_changes
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, EXIT_USAGE, CliError, check_patterns, matcher
+from moebench.history import load_history
 from moebench.results import ResultsError
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
 from moebench.runs import backend_matrix, compare_runs, load_run, load_runs, merge_runs, resolve_reference
@@ -141,13 +144,16 @@ def _backends_table(args: argparse.Namespace, run, metric: str | None, *, by_eng
 
 def cmd_report(args: argparse.Namespace) -> int:
     """Trend plots per case over the runs, and index.html + index.md listing the latest verdicts."""
-    from moebench import plots
+    from moebench import plots, report_page
 
     try:
         plots.require_matplotlib()
     except plots.PlotsUnavailable as e:
         raise CliError(str(e)) from None
-    runs = load_runs(args.results)
+    history = load_history(args.results)  # a file that does not load is named and skipped
+    for line in history.skipped:
+        print(f"moebench report: skipped {line}", file=sys.stderr)
+    runs = history.runs
     check_patterns(args.case, sorted({k for r in runs for k in r.cases}), " or ".join(args.results))
     if args.metric and not any(args.metric in c.metrics for r in runs for c in r.cases.values()):
         raise CliError(f"--metric {args.metric!r}: no case in the given runs has this metric")
@@ -157,9 +163,10 @@ def cmd_report(args: argparse.Namespace) -> int:
         if not root.is_dir():
             raise CliError(f"--baseline-dir {args.baseline_dir}: no such folder")
         baselines = {hw: BaselineSet.load(root, hw) for hw in {r.hardware_key for r in runs}}
-    rows, written = plots.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
-                                       case_filter=matcher(args.case))
-    pngs = [p for p in written if p.suffix == ".png"]
+    changes = read_changes(args.changes) if args.changes else None
+    rows, written = report_page.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
+                                             case_filter=matcher(args.case), changes=changes)
+    pngs = [p for p in written if p.suffix == ".png" and p.parent.name == "plots"]  # the trends, not the charts
     print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
                 [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
                 right=(3, 4, 5, 6)))
@@ -204,8 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="moebench", formatter_class=fmt,
                 description="Look at moebench results and baselines (the measuring is `pytest benchmarks/`).",
                 epilog="exit codes: 0 fine, 1 what --fail-on names was found (compare), a change that loosens "
-                       "the gate (baselines diff --exit-code) or a false alarm (aa), 2 bad input.\nSee `moebench COMMAND --help`.")
-    sub = p.add_subparsers(dest="command", title="commands", metavar="{compare,backends,baselines,aa,report,predict}",
+                       "the gate (baselines diff --exit-code), a false alarm (aa) or a recent change point "
+                       "towards worse (changes), 2 bad input.\nSee `moebench COMMAND --help`.")
+    sub = p.add_subparsers(dest="command", title="commands",
+                          metavar="{compare,backends,baselines,aa,report,changes,predict}",
                           required=True)
 
     c = sub.add_parser("compare", formatter_class=fmt, help="two runs side by side; exit 1 on a regression",
@@ -301,13 +310,16 @@ def build_parser() -> argparse.ArgumentParser:
                                    "run of its family on its hardware). Results files may be .json.gz. Needs "
                                    "matplotlib (pip install 'moebench[plots]')."),
                        epilog="example: moebench report ~/.moebench/history/*.json --out out/report")
-    r.add_argument("results", nargs="+", metavar="RESULTS.json", help="results files, in any order (sorted by date)")
+    r.add_argument("results", nargs="+", metavar="RESULTS.json",
+                   help="results files or folders of them, in any order (sorted by date; unreadable ones skipped)")
     r.add_argument("--out", required=True, metavar="DIR", help="folder for plots/, index.html and index.md")
     r.add_argument("--metric", metavar="NAME", help="metric to plot (default: each case's primary)")
     r.add_argument("--baseline-dir", metavar="DIR",
                    help="draw the baselines stored here (default: the baseline each run recorded)")
     r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    r.add_argument("--changes", metavar="CHANGES.json", help="change points to mark and list (moebench changes --json)")
     r.set_defaults(func=cmd_report)
+    register_changes(sub, fmt)
 
     pd = sub.add_parser("predict", formatter_class=fmt, help="TP-N ms/token from a rank's decode and a box's allreduce",
                         description=_wrap("Predict a TP-N decode step from a decode result of one TP rank's share of a "

@@ -1,8 +1,9 @@
-"""`moebench report`: a trend plot per case over runs, and an index page (index.html + index.md).
+"""`moebench report`'s trend plots: one case's metric over the runs (the page around them is
+moebench.report_page).
 
 Each plot shows one case's metric over the runs' dates: the measured values coloured by that run's
-verdict with their noise as error bars, the baseline as a line and its tolerance band shaded. The index
-lists every case with its latest verdict and links the PNGs.
+verdict with their noise as error bars, the baseline as a line and its tolerance band shaded, and each
+change point of the history (`moebench changes`) as a vertical line at the first run after it.
 
 matplotlib is an optional dependency (`pip install 'moebench[plots]'`); `require_matplotlib()` says so
 in one line when it is missing. Plots use the Agg backend: no display is needed.
@@ -10,17 +11,15 @@ in one line when it is missing. Plots use the Agg backend: no display is needed.
 
 from __future__ import annotations
 
-import html
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from moebench.baselines.compare import Outcome, display_rank
+from moebench.baselines.compare import Outcome
 from moebench.baselines.store import BaselineSet
-from moebench.files import atomic_write_text
-from moebench.family_tables import family_tables
-from moebench.report import fmt_pct, fmt_value, markdown_grid, tables_markdown, tables_text, tally
+from moebench.changes import ChangePoint
+from moebench.report import fmt_pct, fmt_value
 from moebench.results import ResultsDoc
 from moebench.runs import latest_runs
 
@@ -81,6 +80,7 @@ class CaseTrend:
     points: list[Point]
     in_latest: bool
     png: str | None = None
+    changes: list[ChangePoint] = field(default_factory=list)
 
     @property
     def latest(self) -> Point:
@@ -154,6 +154,12 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
         ax.errorbar([p.when], [p.value], yerr=[[p.value * p.noise], [p.value * p.noise]], fmt="o", markersize=7,
                     color=VERDICT_COLOURS.get(p.verdict, "#000000"), ecolor="#666666", elinewidth=1, capsize=3,
                     zorder=3)
+    for cp in t.changes:  # a change point: a line at the first run after it, labelled with its size
+        when = parse_date(cp.after.started)
+        colour = "#d62728" if cp.worse else "#1f77b4"
+        ax.axvline(when, color=colour, linestyle=":", linewidth=1.6, zorder=1)
+        ax.annotate(f"{fmt_pct(100 * cp.change, signed=True)}", (when, 1.0), xycoords=("data", "axes fraction"),
+                    xytext=(3, -12), textcoords="offset points", color=colour, fontsize=9, fontweight="bold")
     latest = t.latest
     ax.annotate(f"latest {fmt_value(latest.value, t.unit)}", (latest.when, latest.value), textcoords="offset points",
                 xytext=(-10, 10), ha="right", fontsize=9,
@@ -178,6 +184,8 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
     handles = [Line2D([], [], marker="o", linestyle="", color=VERDICT_COLOURS.get(v, "#000"), label=v)
                for v in dict.fromkeys(p.verdict for p in t.points)]
     handles.append(Line2D([], [], marker="", color="#666666", label="error bar: noise (relative spread)"))
+    if t.changes:
+        handles.append(Line2D([], [], color="#d62728", linestyle=":", label="change point (worse; blue: better)"))
     if bx:
         tol = t.latest.rel_tol
         handles += [Line2D([], [], color="#333333", linestyle="--", label="baseline"),
@@ -189,99 +197,3 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)
-
-
-@dataclass(frozen=True)
-class IndexRow:
-    """A line of the index: a case's latest state."""
-
-    verdict: str
-    key: str
-    metric: str
-    value: str
-    baseline: str
-    delta: str
-    runs: int
-    png: str | None
-    note: str = ""
-
-
-def index_rows(case_trends: list[CaseTrend], runs: list[ResultsDoc]) -> list[IndexRow]:
-    """Index lines, worst first: every plotted case, then what the latest run of each family on each
-    hardware key (and the latest run of all) did not measure. `runs` oldest first."""
-    rows = []
-    for t in case_trends:
-        p = t.latest
-        delta = fmt_pct(100 * (p.value - p.baseline) / p.baseline if p.baseline else None, signed=True)
-        verdict = p.verdict if t.in_latest else Outcome.MISSING.value
-        note = "" if t.in_latest else f"not in the latest {t.family} run on {t.hardware_key} (last seen {p.label})"
-        rows.append(IndexRow(verdict, t.key, t.metric, fmt_value(p.value, t.unit), fmt_value(p.baseline, t.unit), delta,
-                             len(t.points), t.png, note))
-    newest = {id(r) for r in [*latest_runs(runs).values(), *runs[-1:]]}
-    not_measured = {r.key or r.nodeid: r for run in runs if id(run) in newest for r in run.not_measured}
-    for name, r in not_measured.items():
-        rows.append(IndexRow(r.verdict, name, "-", "-", "-", "-", 0, None, r.note))
-    return sorted(rows, key=lambda r: (display_rank(r.verdict), r.key))
-
-
-def index_markdown(rows: list[IndexRow], title: str) -> str:
-    """The index as GitHub-flavoured markdown (links relative to the index)."""
-    body = [[r.verdict, f"`{r.key}`", r.metric, r.value, r.baseline, r.delta, str(r.runs),
-             f"[png]({r.png})" if r.png else "-", r.note] for r in rows]
-    out = [f"# {title}", "", tally(r.verdict for r in rows), ""]
-    out += markdown_grid(["verdict", "case", "metric", "latest", "baseline", "delta", "runs", "plot", "note"], body)
-    return "\n".join(out) + "\n"
-
-
-def index_html(rows: list[IndexRow], title: str) -> str:
-    """The index as a standalone HTML page: verdict-coloured rows, each with its plot as a thumbnail."""
-    e = html.escape
-    lines = [
-        "<!doctype html>", "<html lang=\"en\"><head><meta charset=\"utf-8\">", f"<title>{e(title)}</title>",
-        "<style>body{font-family:system-ui,sans-serif;margin:1.5em}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ddd;padding:4px 8px;text-align:left;vertical-align:middle}"
-        "th{background:#f4f4f4}.v{color:#fff;font-weight:bold}img{width:360px}code{font-size:90%}</style>",
-        "</head><body>", f"<h1>{e(title)}</h1>", f"<p>{e(tally(r.verdict for r in rows))}</p>",
-        "<table><tr><th>verdict</th><th>case</th><th>metric</th><th>latest</th><th>baseline</th><th>delta</th>"
-        "<th>runs</th><th>trend</th><th>note</th></tr>",
-    ]
-    for r in rows:
-        colour = VERDICT_COLOURS.get(r.verdict, "#000000")
-        img = f"<a href=\"{e(r.png)}\"><img src=\"{e(r.png)}\" alt=\"trend of {e(r.key)}\"></a>" if r.png else "-"
-        lines.append(f"<tr><td class=\"v\" style=\"background:{colour}\">{e(r.verdict)}</td><td><code>{e(r.key)}</code></td>"
-                     f"<td>{e(r.metric)}</td><td>{e(r.value)}</td><td>{e(r.baseline)}</td><td>{e(r.delta)}</td>"
-                     f"<td>{r.runs}</td><td>{img}</td><td>{e(r.note)}</td></tr>")
-    lines += ["</table>", "</body></html>"]
-    return "\n".join(lines) + "\n"
-
-
-def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None,
-                 baselines: dict[str, BaselineSet] | None = None, case_filter=None) -> tuple[list[IndexRow], list[Path]]:
-    """Plot every case's trend into out/plots/ and write out/index.html and out/index.md.
-    Returns the index rows and the files written."""
-    require_matplotlib()
-    out = Path(out)
-    case_trends = [t for t in trends(runs, metric=metric, baselines=baselines) if case_filter is None or case_filter(t.key)]
-    written: list[Path] = []
-    for t in case_trends:
-        t.png = f"plots/{png_name(t.key, t.metric)}"
-        plot_trend(t, out / t.png)
-        written.append(out / t.png)
-    latest = runs[-1] if runs else None
-    rows = index_rows(case_trends, runs)
-    if case_filter is not None:
-        rows = [r for r in rows if r.png or case_filter(r.key)]
-    hw = ", ".join(dict.fromkeys(r.hardware_key for r in runs))
-    title = f"moebench on {hw}: {len(runs)} run{'s' if len(runs) != 1 else ''}"
-    if latest is not None:
-        title += f", latest {latest.label}"
-    cases = list(latest.cases.values()) if latest is not None else []
-    tables = family_tables(cases)
-    extra = tables_markdown(tables, "##")
-    md = index_markdown(rows, title) + (f"\n{extra}" if extra else "")
-    page = index_html(rows, title).replace("</body></html>", "".join(
-        f"<pre>{html.escape(t)}</pre>" for t in tables_text(tables)) + "</body></html>")
-    for name, text in (("index.md", md), ("index.html", page)):
-        atomic_write_text(out / name, text)
-        written.append(out / name)
-    return rows, written

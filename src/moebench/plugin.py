@@ -29,6 +29,7 @@ from moebench.unmeasured import StrictCoverage
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
 _WARNINGS = pytest.StashKey[list]()  # shown at the start and again in the closing lines
+_FULL_DESELECTED = pytest.StashKey[int]()  # `full` cases left out of the default selection
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
@@ -187,6 +188,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
+    config.stash[_FULL_DESELECTED] = len(drop)
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    """Under pytest's "collected N items / M deselected" line: how many of those are the `full` cases."""
+    n = config.stash.get(_FULL_DESELECTED, 0)
+    if not n:
+        return []
+    return [f"moebench: {n} of the deselected are outside the default selection (the full product of the axes, "
+            f"marker `full`: -m full runs them); any others, by your -m/-k"]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

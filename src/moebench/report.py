@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 from moebench.baselines.compare import UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, display_rank
+from moebench.changes import RECENT, ChangePoint
 from moebench.files import atomic_write_text
 from moebench.results import Row
 
@@ -109,10 +111,13 @@ def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
 
 # --- the closing verdict table ------------------------------------------------------------------
 
-# Terminal columns are clipped to CELL_WIDTH, the note (last) column to NOTE_WIDTH: a failure's message
-# is what the reader came for, and as the last column it only wraps.
-CELL_WIDTH = 90
+# The closing table fits a terminal of WIDTH columns: notes wrap inside their column, and when the case ids
+# are too long for one line per case, each case takes two (the id alone, then its figures). A case id is
+# never cut; a note longer than NOTE_WIDTH is (a failure's first line can be a whole repr).
+WIDTH = 120
 NOTE_WIDTH = 200
+# The narrowest note column worth wrapping into; below it the long layout (two lines a case) is used.
+MIN_NOTE = 24
 
 
 def clip(text: str, width: int) -> str:
@@ -159,10 +164,35 @@ def display_rows(rows: Iterable[Row]) -> list[Row]:
     return out
 
 
-def text_table(rows: Iterable[Row]) -> str:
-    """The verdict table for the terminal: cells clipped to CELL_WIDTH, the note (last) to NOTE_WIDTH."""
-    limits = [CELL_WIDTH] * (len(HEADER) - 1) + [NOTE_WIDTH]
-    return table(HEADER, [[clip(c, w) for c, w in zip(_cells(r), limits)] for r in display_rows(rows)])
+def _wrapped(line: str, note: str, indent: int, width: int) -> list[str]:
+    """`line` with `note` after it, wrapped at `width`, continuation lines indented to `indent`."""
+    room = max(width - indent, MIN_NOTE)
+    parts = textwrap.wrap(note, room, break_long_words=True, break_on_hyphens=False) or [""]
+    return [(line + parts[0]).rstrip()] + [" " * indent + p for p in parts[1:]]
+
+
+def text_table(rows: Iterable[Row], width: int = WIDTH) -> str:
+    """The verdict table for a terminal of `width` columns (notes clipped to NOTE_WIDTH and wrapped)."""
+    cells = [_cells(r)[:-1] + [clip(_cells(r)[-1], NOTE_WIDTH)] for r in display_rows(rows)]
+    widths = [max(len(c[i]) for c in [HEADER, *cells]) for i in range(len(HEADER) - 1)]
+    if sum(widths) + 2 * len(widths) + MIN_NOTE <= width:  # one line per case
+        indent = sum(widths) + 2 * len(widths)
+        pad = lambda c: "".join(x.ljust(w + 2) for x, w in zip(c, widths))
+        out = [pad(HEADER[:-1]) + HEADER[-1], "  ".join("-" * w for w in widths) + "  " + "-" * len(HEADER[-1])]
+        for c in cells:
+            out += _wrapped(pad(c[:-1]), c[-1], indent, width)
+        return "\n".join(out)
+    # Two lines per case: the verdict and the whole case id, then the figures and the note under the id.
+    lead = widths[0] + 2
+    figures = widths[2:]
+    pad = lambda c: " " * lead + "".join(x.ljust(w + 2) for x, w in zip(c, figures))
+    indent = lead + sum(figures) + 2 * len(figures)
+    out = [HEADER[0].ljust(lead) + HEADER[1], pad(HEADER[2:-1]) + HEADER[-1],
+           "-" * widths[0] + "  " + "-" * (width - lead)]
+    for c in cells:
+        out.append(c[0].ljust(lead) + c[1])
+        out += _wrapped(pad(c[2:-1]), c[-1], indent, width)
+    return "\n".join(out)
 
 
 def markdown_table(rows: Iterable[Row], title: str = "moebench") -> str:
@@ -212,3 +242,43 @@ def write_markdown(rows: list[Row], path: str | None, title: str, extra: str = "
 def write_json(path: str, doc: dict) -> None:
     """Atomic, stable JSON."""
     atomic_write_text(Path(path), json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+
+
+# --- change points over a history (moebench changes, the report's table) ----------------------------
+
+CHANGE_HEADER = ["case", "metric", "run before", "run after", "change", "level", "noise", "reported above"]
+
+
+def change_cells(cp: ChangePoint) -> list[str]:
+    """A change point's cells in CHANGE_HEADER's order."""
+    way = ("worse" if cp.worse else "better") + (", recent" if cp.recent else "")
+    return [cp.key, cp.metric, cp.before.label, cp.after.label, f"{fmt_pct(100 * cp.change, signed=True)} {way}",
+            f"{fmt_value(cp.level_before)} -> {fmt_value(cp.level_after, cp.unit)}", fmt_pct(100 * cp.noise),
+            fmt_pct(100 * cp.threshold)]
+
+
+def change_line(cp: ChangePoint) -> str:
+    """One printed line per change point, beginning with the case id: 'gemm[...] graph_us: 2026-12-01 02:17
+    abc1234 -> 2026-12-02 02:17 def5678: +4.1% worse (24.3 -> 25.3 us); noise 0.3%, reported above 2.5%
+    (nvidia-h200-x1)'."""
+    key, metric, before, after, change, level, noise, above = change_cells(cp)
+    return (f"{key} {metric}: {before} -> {after}: {change} ({level}); noise {noise}, reported above {above} "
+            f"({cp.hardware_key})")
+
+
+def changes_tally(cps: Sequence[ChangePoint]) -> str:
+    """'3 change points (1 towards worse in the last 3 runs)', or 'no change point'."""
+    if not cps:
+        return "no change point"
+    failing = sum(cp.failing for cp in cps)
+    return (f"{len(cps)} change point{'s' if len(cps) != 1 else ''}"
+            + (f" ({failing} towards worse in the last {RECENT} runs)" if failing else ""))
+
+
+def changes_markdown(cps: Sequence[ChangePoint], level: str = "###") -> str:
+    """The change points as a markdown section (the failing ones first, then newest first), for summary.md and the report's index."""
+    out = [f"{level} Change points over the history", "", changes_tally(cps), ""]
+    if cps:
+        ordered = sorted(sorted(cps, key=lambda c: c.after.started, reverse=True), key=lambda c: not c.failing)
+        out += markdown_grid(CHANGE_HEADER, [change_cells(c) for c in ordered])
+    return "\n".join(out) + "\n"

@@ -29,7 +29,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Iterable
 
-from moebench.baselines.compare import Comparison, Outcome, Verdict
+from moebench.baselines.compare import Comparison, Outcome, Verdict, deciding_metric
 from moebench.baselines.schema import METRIC_RULES, check_fields
 from moebench.metrics import Metric
 
@@ -229,6 +229,18 @@ class CaseDoc:
                    _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
                    _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first,
                    _positive(_get(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"))
+
+    def row(self) -> Row:
+        """The case's line in the closing table, summary.md and the report's index (one function, so their
+        tallies agree): the metric that decided its verdict (else the primary), its value, baseline and
+        delta, and the note (what moved and the case's note, else the comparison's reason)."""
+        comps = {n: m.comparison for n, m in self.metrics.items() if m.comparison is not None}
+        name = deciding_metric(comps, Verdict(self.verdict), self.primary)
+        m = self.metrics.get(name) if name else None
+        c = comps.get(name) if name else None
+        return Row(self.nodeid, self.key, self.verdict, name or "", m.metric.value if m else None,
+                   m.metric.unit if m else "", c.baseline if c else None, c.delta_pct if c else None,
+                   "; ".join(x for x in (self.explanation, self.note) if x) or (c.reason if c else ""))
 
     def baseline_entry(self, provenance: dict, machine: str = "unknown") -> dict | None:
         """The case as a baseline entry (gated metrics only, with `provenance`, the machine that measured

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from moebench import hardware, provenance
-from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case, deciding_metric,
+from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verdict, compare_case,
                                         failing, recorded_changes)
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
@@ -99,7 +99,10 @@ class RunState:
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
                              throttled=m.throttled, other_machine=other)
-        return comps, case_verdict(comps), "; ".join(n for n in notes if n)
+        verdict = case_verdict(comps)
+        if verdict not in (Verdict.PASS, Verdict.NEW):  # where the spread it was judged against came from
+            notes.append(next((machine_phrase(c) for c in comps.values() if c.verdict is verdict and c.other_machine), ""))
+        return comps, verdict, "; ".join(n for n in notes if n)
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
                info: dict | None = None, primary: str | None = None, group: str | None = None,
@@ -148,16 +151,10 @@ class RunState:
             metrics = dict(measure())
         return Measurement(metrics, clocks.to_json(), clocks.throttled)
 
-    def _row(self, r: CaseResult) -> Row:
-        # The row shows the worst metric (the one that decided the verdict), else the primary one.
-        name = deciding_metric(r.comparisons, r.verdict, r.primary)
-        m = r.measurement.metrics.get(name) if name else None
-        c = r.comparisons.get(name) if name else None
-        note = "; ".join(x for x in (r.explanation, r.note) if x) or (c.reason if c else "")
-        if c is not None and c.other_machine and r.verdict is not Verdict.PASS:
-            note = "; ".join(x for x in (note, machine_phrase(c)) if x)
-        return Row(r.nodeid, r.key, r.verdict.value, name or "", m.value if m else None, m.unit if m else "",
-                   c.baseline if c else None, c.delta_pct if c else None, note)
+    @staticmethod
+    def _row(r: CaseResult) -> Row:
+        # From the results document's case, as the report's index reads it back: one tally for both.
+        return r.doc().row()
 
     def failure_line(self, r: CaseResult) -> str | None:
         """The one line a failing case reports, or None when the case passes the gate. Under
