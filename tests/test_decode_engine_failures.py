@@ -340,7 +340,7 @@ server_command = ["{{python}}", "{script}", "--mode", "{mode}", "--port", "{{por
 def test_session_over_misbehaving_engines_fails_each_case_and_goes_on(tmp_path):
     modes = {"crashes": "crash", "hangs": "never-healthy", "dies": "midstream", "works": "good"}
     # Only "hangs" may reach its start deadline: the others get one that no start-up reaches, even on a
-    # loaded box where importing the fake server takes seconds. The works server's 50 ms between tokens
+    # loaded box where starting the fake server takes a second or more. The works server's 50 ms per token
     # is far above the tiny model's memory floor (0.6 ms/token here, 3 ms with the box loaded) and keeps
     # its chunks apart when the client is not scheduled at once: at 2 ms, a loaded box read them in
     # bursts and the case was refused (steady state below the floor, or bursts).
