@@ -245,6 +245,24 @@ class FakeBench:
                 "--baseline-dir", str(self.baselines), "-rfEs", *args, timeout=120)
 
 
+def table_rows(result: pytest.RunResult) -> pytest.LineMatcher:
+    """The run's output with each row of the closing verdict table on one line: a row whose note (or whose
+    long case id) wrapped to indented lines under it, within 120 columns, is joined back with single
+    spaces, so a test can fnmatch a row as a whole. Other lines are kept as they are."""
+    out: list[str] = []
+    in_table = False
+    for line in result.outlines:
+        if "moebench verdicts on" in line:
+            in_table = True
+        elif in_table and (line[:1].isdigit() or line.startswith(("=", "moebench:", "FAILED"))):
+            in_table = False  # the tally line, or the next section
+        if in_table and line.startswith(" ") and out and not out[-1].startswith(("-", "=")):
+            out[-1] = f"{out[-1].rstrip()} {line.strip()}"
+            continue
+        out.append(line)
+    return pytest.LineMatcher(out)
+
+
 @pytest.fixture
 def fakebench(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> FakeBench:
     return FakeBench(pytester, monkeypatch)

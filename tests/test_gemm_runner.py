@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import table_rows
+
 pytest.importorskip("torch")
 
 import torch  # noqa: E402
@@ -103,7 +105,7 @@ def test_a_wrong_backend_fails_its_case_before_anything_is_timed(fakebench):
                                   conftest=WRONG_BACKEND)
     r = fakebench.run("test_gemm.py", "-k", "tiny-tp8-fused-m1-bf16-decode-torch_loop")
     r.assert_outcomes(failed=1)
-    r.stdout.fnmatch_lines(["FAIL *test_gemm[[]tiny-tp8-fused-m1-bf16-decode-torch_loop[]]*"
+    table_rows(r).fnmatch_lines(["FAIL *test_gemm[[]tiny-tp8-fused-m1-bf16-decode-torch_loop[]]*"
                             "rotation 0: relative error 5.*e-02 >= bound 1e-02"])
     assert not (fakebench.path / "timed.txt").exists(), "a wrong kernel was timed"
 

@@ -12,6 +12,7 @@ import re
 import pytest
 
 from moebench.baselines.store import load_file
+from conftest import table_rows
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
 TABLE = f"*moebench verdicts on {HW}*"
@@ -34,7 +35,7 @@ def test_update_writes_then_passes_then_one_case_regresses(fakebench):
     second = fakebench.run()
     second.assert_outcomes(passed=2, skipped=2, deselected=1)
     assert fakebench.calls() == {"fake[a]": 1, "fake[b]": 1}
-    second.stdout.fnmatch_lines([TABLE, "PASS *fake[[]a[]]*latency_us*100 us*100 us*+0.0%*"])
+    table_rows(second).fnmatch_lines([TABLE, "PASS *fake[[]a[]]*latency_us*100 us*100 us*+0.0%*"])
 
     # 3. A reviewer's baseline 30% better than what the code now measures: only fake[a] fails, with one line.
     doc["entries"]["fake[a]"]["metrics"]["latency_us"]["value"] = 70.0
@@ -53,7 +54,7 @@ def test_update_writes_then_passes_then_one_case_regresses(fakebench):
     out = third.stdout.str()
     assert "[moebench] fake[a]: suspected regression, measuring once more" in out
     assert "Captured stdout call" not in out
-    third.stdout.fnmatch_lines([TABLE, "REGRESSION *fake[[]a[]]*latency_us*100 us*70 us*+42.9%*",
+    table_rows(third).fnmatch_lines([TABLE, "REGRESSION *fake[[]a[]]*latency_us*100 us*70 us*+42.9%*",
                                 "PASS *fake[[]b[]]*", "1 REGRESSION, 1 PASS, 2 SKIP"])
     # Without --baseline-update the stored file is left alone.
     assert json.loads(path.read_text())["entries"]["fake[a]"]["metrics"]["latency_us"]["value"] == 70.0
@@ -65,7 +66,7 @@ def test_strict_fails_new_and_stale_and_only_them(fakebench):
     fakebench.control["rev"] = {"fake[a]": 1}
     lenient = fakebench.run("-m", "gemm or full")
     lenient.assert_outcomes(passed=3, skipped=2)
-    lenient.stdout.fnmatch_lines([TABLE, "STALE *fake[[]a[]]*case definition changed*", "NEW *fake[[]b[]]*",
+    table_rows(lenient).fnmatch_lines([TABLE, "STALE *fake[[]a[]]*case definition changed*", "NEW *fake[[]b[]]*",
                                   "PASS *fake[[]full[]]*"])
 
     strict = fakebench.run("-m", "gemm or full", "--baseline-strict")
@@ -83,7 +84,7 @@ def test_env_mismatch_is_reported_and_never_fails(fakebench):
     fakebench.write_baseline({"a": 70.0, "b": 140.0}, fingerprint=h200)
     r = fakebench.run("--baseline-strict")
     r.assert_outcomes(passed=2, skipped=2, deselected=1)
-    r.stdout.fnmatch_lines([TABLE, "ENV_MISMATCH *fake[[]a[]]*recorded on GPUs*", "2 ENV_MISMATCH, 2 SKIP"])
+    table_rows(r).fnmatch_lines([TABLE, "ENV_MISMATCH *fake[[]a[]]*recorded on GPUs*", "2 ENV_MISMATCH, 2 SKIP"])
     assert fakebench.calls() == {"fake[a]": 1, "fake[b]": 1}
 
 
@@ -140,7 +141,7 @@ def test_results_json_markdown_step_summary_and_table(fakebench, tmp_path):
     # $GITHUB_STEP_SUMMARY is appended to, never overwritten.
     assert step.read_text() == "earlier step\n" + md
 
-    r.stdout.fnmatch_lines([
+    table_rows(r).fnmatch_lines([
         TABLE,
         "verdict*case*metric*value*baseline*delta*note",
         "NEW *fake[[]b[]]*latency_us*200 us*-*no baseline entry",
@@ -199,7 +200,7 @@ def test_external_baseline_of_other_hardware_shows_as_env_mismatch(fakebench):
     r = fakebench.run("test_other.py")
     # 150 ms against 97 ms would be a regression; on other hardware it is never compared.
     r.assert_outcomes(passed=1, skipped=1)
-    r.stdout.fnmatch_lines([
+    table_rows(r).fnmatch_lines([
         TABLE,  # rows in the gate's severity order (compare.DISPLAY_ORDER): not compared before new
         f"ENV_MISMATCH *decode[[]glm-5-nvfp4-tp8[]]*itl_ms*-*97 ms*baseline for {rtx}: needs 8 GPUs",
         f"NEW *decode[[]glm-5-nvfp4-tp8[]]*itl_ms*150 ms*baseline exists only for {rtx} (not compared)",

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import table_rows
+
 REPO = Path(__file__).resolve().parents[1]
 
 MS = 1e-3
@@ -56,4 +58,4 @@ def test_selfcheck_cases_end_to_end(fakebench, test, medians, spread, outcome, r
     (fakebench.path / "timing.json").write_text(json.dumps({"medians": medians, "spread": spread}))
     r = fakebench.run("test_selfcheck.py", "-k", test)
     r.assert_outcomes(**{outcome: 1}, deselected=3)
-    r.stdout.fnmatch_lines(["*moebench verdicts on*", row])
+    table_rows(r).fnmatch_lines(["*moebench verdicts on*", row])
