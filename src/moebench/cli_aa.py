@@ -13,7 +13,8 @@ from moebench.report import fmt_pct, fmt_value, table
 
 def cmd_aa(args: argparse.Namespace) -> int:
     """Run the selection args.runs times, print the spread table; promote the runs when asked."""
-    pytest_args = [a for a in args.pytest_args if a != "--"] or ["benchmarks/"]
+    # argparse keeps the "--" that separates them; a later "--" is pytest's own
+    pytest_args = (args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args) or ["benchmarks/"]
     if args.runs < 1:
         raise CliError(f"--runs {args.runs}: must be at least 1")
     if args.budget_s is not None and args.budget_s <= 0:
