@@ -43,6 +43,7 @@ from moebench.sites import site_paths  # noqa: E402
 MANIFEST = "manifest.json"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (35, 34, 31, 28, 27, 26, 24, 17, 5)] + [
     "manylinux2014_x86_64", "manylinux1_x86_64"]
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!_-]+)$")
 
 
@@ -241,6 +242,10 @@ def receive(args: argparse.Namespace) -> int:
           + (f"; still to come: {', '.join(missing)}" if missing else ""))
     if missing:
         return 0
+    if args.keep_only:
+        print(f"{manifest['engine']}: complete; install later with: {Path(sys.argv[0]).name} install --keep {keep} "
+              f"--target {args.target}")
+        return 0
     return install(keep, Path(args.target))
 
 
@@ -312,21 +317,40 @@ def requirements_of(wheel: Path) -> list[str]:
     return [ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Requires-Dist:")]
 
 
+def read_image(path: Path) -> dict[str, str | None]:
+    """The runner's installed packages: one `name` or `name==version` (pip freeze) a line -> {norm name: version or None}."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise StageError(f"{path}: cannot read: {e.strerror or e}") from None
+    image: dict[str, str | None] = {}
+    for n, raw in enumerate(lines, 1):
+        line = raw.split("#")[0].strip()
+        if not line:
+            continue
+        name, sep, version = line.partition("==")
+        if not _NAME.fullmatch(name.strip()) or (sep and not version.strip()):
+            raise StageError(f"{path}:{n}: expected 'name' or 'name==version', got {raw.strip()!r}")
+        image[norm(name.strip())] = version.strip() or None
+    return image
+
+
 def check(args: argparse.Namespace) -> int:
     """Every dependency of the listed wheels (markers evaluated for the runner: Linux x86_64, CPython of
-    --python-version, no extras) must be in the list, in the image's package list, or a `skip:` line."""
+    --python-version, no extras) must be in the list, in the image's package list, or a `skip:` line; and
+    where its version is known (carried, or `name==version` in the image list) it must satisfy the
+    requirement: the processes that put the carried folder first still import the image's copy of
+    every package the folder lacks (transformers 5.12.1 refused the image's tokenizers 0.23.2 at import)."""
     spec = read_list(Path(args.list))
-    try:
-        image = {norm(ln.split("#")[0].strip()) for ln in Path(args.image).read_text().splitlines() if ln.split("#")[0].strip()}
-    except OSError as e:
-        raise StageError(f"{args.image}: cannot read: {e.strerror or e}") from None
-    bundled = {norm(n) for n, _, _ in spec["pins"]}
+    image = read_image(Path(args.image))
+    carried = {norm(n): v for n, v, _ in spec["pins"]}
     env = {"sys_platform": "linux", "platform_machine": "x86_64", "platform_system": "Linux", "os_name": "posix",
            "python_version": args.python_version, "python_full_version": args.python_version + ".0", "extra": "",
            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
+    missing: dict[str, list[str]] = {}
+    conflicts: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         download(spec["pins"], Path(tmp), args.python_version, args.find_links)
-        missing: dict[str, list[str]] = {}
         for name, version, _ in spec["pins"]:
             for line in requirements_of(wheel_of(Path(tmp), name, version)):
                 try:
@@ -336,13 +360,27 @@ def check(args: argparse.Namespace) -> int:
                 if req.marker is not None and not req.marker.evaluate(env):
                     continue
                 dep = norm(req.name)
-                if dep not in bundled and dep not in image and dep not in spec["skips"]:
+                if dep in carried:
+                    have, where = carried[dep], "carried"
+                elif dep in image:
+                    have, where = image[dep], "in the image"
+                elif dep in spec["skips"]:
+                    continue
+                else:
                     missing.setdefault(dep, []).append(f"{name} needs {line}")
+                    continue
+                if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+                    fix = "carry one that fits" if where == "in the image" else "pin one that fits"
+                    conflicts.append(f"conflict: {dep} {have} {where}, but {name} {version} needs {line}: {fix}")
     for dep, why in sorted(missing.items()):
         print(f"missing: {dep} ({'; '.join(why)})")
-    print(f"{spec['name']}: {len(bundled)} wheels, {len(spec['skips'])} dependencies skipped on purpose, "
-          f"{len(missing)} missing")
-    return 1 if missing else 0
+    for line in conflicts:
+        print(line)
+    unversioned = sum(1 for v in image.values() if v is None)
+    print(f"{spec['name']}: {len(carried)} wheels, {len(spec['skips'])} dependencies skipped on purpose, "
+          f"{len(missing)} missing, {len(conflicts)} version conflicts"
+          + (f" ({unversioned} image packages without a version: not checked)" if unversioned else ""))
+    return 1 if missing or conflicts else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -361,13 +399,16 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--find-links", metavar="DIR", help="take wheels from DIR only (no index), e.g. for tests")
     c = sub.choices["check"]
     c.add_argument("list", metavar="ENGINE_LIST")
-    c.add_argument("--image", required=True, metavar="FILE", help="the runner's installed packages, one name a line")
+    c.add_argument("--image", required=True, metavar="FILE",
+                   help="the runner's installed packages, one `name` or `name==version` a line (pip freeze)")
     n = sub.add_parser("next", help="put the next part and the manifest into SEND (one transfer's worth)")
     n.add_argument("stage", metavar="STAGE_DIR", help="what build wrote, e.g. .stage/sglang-0.5.15")
     n.add_argument("--send", default=".stage/p", metavar="DIR", help="the folder that travels (default .stage/p)")
     n.add_argument("--from-start", action="store_true", help="start again at part 1 (a fresh runner)")
     r = sub.add_parser("receive", help="keep the parts in SEND; install once all have arrived (runner)")
     r.add_argument("send", metavar="SEND_DIR", help="the folder that arrived (a manifest and parts)")
+    r.add_argument("--keep-only", action="store_true",
+                   help="keep the parts, install nothing (a later `install`: not while another engine is measured)")
     i = sub.add_parser("install", help="check the kept parts and install them (receive does this by itself)")
     for q in (r, i):
         q.add_argument("--keep", default="/root/stage-engine", metavar="DIR",

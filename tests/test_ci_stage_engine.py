@@ -84,6 +84,17 @@ def test_build_splits_into_parts_no_larger_than_asked_with_hashes(built):
     assert [w["dropped_members"] for w in m["wheels"]] == [0, 1]
 
 
+def test_keep_only_installs_nothing_until_install_is_asked(built, tmp_path, capsys):
+    """Parts that arrive while another engine is being measured are kept; the install waits."""
+    _, out, m = built
+    names = [p["file"] for p in m["parts"]]
+    keep, target = tmp_path / "keep", tmp_path / "site"
+    common = ["--keep", str(keep), "--target", str(target)]
+    assert stage.main(["receive", str(send(tmp_path / "p", out, names)), "--keep-only"] + common) == 0
+    assert "complete; install later with" in capsys.readouterr().out and not target.exists()
+    assert stage.main(["install"] + common) == 0 and (target / "tinya" / "pad.bin").exists()
+
+
 def test_parts_received_out_of_order_install_and_import(built, tmp_path, capsys):
     _, out, m = built
     names = [p["file"] for p in m["parts"]]
@@ -207,3 +218,41 @@ def test_parts_joined_in_the_wrong_order_fail_the_whole_bundle_hash(built, tmp_p
     (p / "manifest.json").write_text(json.dumps(doc))
     assert stage.main(["receive", str(p), "--keep", str(tmp_path / "keep"), "--target", str(tmp_path / "site")]) == 1
     assert "the joined parts hash to" in capsys.readouterr().err and not (tmp_path / "site").exists()
+
+
+def test_check_finds_a_carried_requirement_the_image_version_breaks(built, tmp_path, capsys):
+    """The conflict SGLang's first H200 start showed (transformers 5.12.1 refused the image's tokenizers
+    0.23.2) is found here: an image line `name==version` outside a carried wheel's requirement fails."""
+    root, _, _ = built
+    lst = root / "tiny-1.txt"  # tinya needs requests>=2
+    image = tmp_path / "image.txt"
+    image.write_text("# comment\nrequests==1.9\n")
+    args = ["check", str(lst), "--image", str(image), "--find-links", str(root / "index")]
+    assert stage.main(args) == 1
+    out = capsys.readouterr().out
+    assert "conflict: requests 1.9 in the image, but tinya 1.0 needs requests>=2: carry one that fits" in out
+    image.write_text("requests==2.31.0\n")
+    assert stage.main(args) == 0
+    image.write_text("requests\n")  # no version known: present, not checked (and said so)
+    assert stage.main(args) == 0 and "1 image packages without a version: not checked" in capsys.readouterr().out
+
+
+def test_check_finds_a_carried_pin_another_carried_wheel_refuses(built, tmp_path, capsys):
+    root, _, _ = built
+    wheels = tmp_path / "index"
+    shutil.copytree(root / "index", wheels)
+    make_wheel(wheels, "tinyc", "1.0", {"tinyc/__init__.py": b""}, requires=["tiny-b<2"])
+    lst = tmp_path / "tiny-3.txt"
+    lst.write_text("tinyc==1.0\ntiny-b==2.0\n")
+    image = tmp_path / "image.txt"
+    image.write_text("")
+    assert stage.main(["check", str(lst), "--image", str(image), "--find-links", str(wheels)]) == 1
+    assert "conflict: tiny-b 2.0 carried, but tinyc 1.0 needs tiny-b<2: pin one that fits" in capsys.readouterr().out
+
+
+def test_a_malformed_image_line_names_the_file_and_line(built, tmp_path, capsys):
+    root, _, _ = built
+    image = tmp_path / "image.txt"
+    image.write_text("requests\nnumpy==\n")
+    assert stage.main(["check", str(root / "tiny-1.txt"), "--image", str(image)]) == 2
+    assert f"{image}:2: expected 'name' or 'name==version', got 'numpy=='" in capsys.readouterr().err

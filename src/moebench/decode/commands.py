@@ -25,6 +25,10 @@ CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 # A folder SGLang was staged into apart from vLLM's (their pins differ: openai, transformers, tvm-ffi), put
 # first on the path of SGLang's processes only (ci/stage_engine.py, docs/sglang.md).
 SGLANG_SITE_ENV = "MOEBENCH_SGLANG_SITE"
+# SGLang's KV pool, in tokens: one stream of a few hundred tokens needs megabytes, but without a cap SGLang
+# fills --mem-fraction-static (39.7 GB on the H200 Kimi rank: minutes of start-up for nothing). 4096 holds
+# the stream, its prefill chunk and the warm-up request with room to spare.
+SGLANG_KV_TOKENS = 4096
 
 
 
@@ -102,6 +106,7 @@ def server_command(case: DecodeCase, model_dir: Path, port: int, python: str = s
                "--tensor-parallel-size", str(s.tp), "--dtype", s.dtype, "--context-length", str(max_model_len(case)),
                "--max-running-requests", "1", "--mem-fraction-static", str(s.gpu_memory_fraction),
                "--moe-runner-backend", s.moe_backend, "--disable-radix-cache", "--random-seed", "0",
+               "--max-total-tokens", str(max(SGLANG_KV_TOKENS, 4 * max_model_len(case))),
                # no constrained decoding here: no grammar backend to import (xgrammar is not staged)
                "--grammar-backend", "none"]
         if dummy:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from moebench.decode.procs import EngineError, EngineProcess
+from moebench.decode.procs import EngineError, EngineProcess, descendants
+from moebench.decode.startup import StartWatch
 from moebench.decode.stats import Trial
 
 # The worker command (tests put a fake one that speaks the same protocol in its place).
@@ -89,9 +90,13 @@ class InProcessEngine:
             raise EngineError(f"trial {index}: the engine process is gone (exit code {self.proc.exit_code()})",
                               self.log) from None
 
+    def _pids(self) -> list[int]:
+        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+
     def _next_event(self, want: str, deadline: float, progress: Callable[[str], None], trial: int | None = None) -> dict:
         what = "become ready" if trial is None else f"finish trial {trial}"
         next_note = time.monotonic() + 15
+        watch = StartWatch(self.log, self._pids)  # a start's phase and compilers (startup.py)
         while True:
             line = self._read_line(min(0.5, max(0.0, deadline - time.monotonic())))
             if line is not None:
@@ -112,9 +117,14 @@ class InProcessEngine:
                                   f"({self.proc.elapsed():.1f} s after start)", self.log)
             if time.monotonic() >= deadline:
                 limit = self.start_timeout if trial is None else self.trial_timeout
-                raise EngineError(f"the engine did not {what} within {limit:.0f} s", self.log)
+                where = ""
+                if trial is None:
+                    watch.note(time.monotonic())
+                    where = f" ({watch.phrase(time.monotonic())})"
+                raise EngineError(f"the engine did not {what} within {limit:.0f} s{where}", self.log)
             if trial is None and time.monotonic() >= next_note:
-                progress(f"engine starting ({self.proc.elapsed():.0f} s)")
+                watch.note(time.monotonic())
+                progress(f"engine starting ({self.proc.elapsed():.0f} s): {watch.phrase(time.monotonic())}")
                 next_note += 15
 
     def _read_line(self, timeout: float) -> bytes | None:

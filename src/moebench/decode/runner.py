@@ -84,6 +84,8 @@ class EngineRun:
     choices: dict = field(default_factory=dict)
     usage_tokens: list = field(default_factory=list)
     breakdown: Breakdown | None = None
+    start_phases: dict = field(default_factory=dict)  # phase -> s after start when its log first named it
+    jit_cache: dict = field(default_factory=dict)  # SGLang: its JIT cache's modules before / after the run
 
 
 def make_engine(case: DecodeCase, log: Path):
@@ -158,7 +160,8 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
     if left:
         raise EngineError(f"engine processes {left} were still alive after SIGKILL")
     run = EngineRun(trials, start_s, engine.log, launch, engine_log.choices(engine.log) if engine.log else {},
-                    getattr(engine, "usage_tokens", []))
+                    getattr(engine, "usage_tokens", []), start_phases=getattr(engine, "start_phases", {}),
+                    jit_cache=getattr(engine, "jit_cache", {}))
     if s.profile_steps and isinstance(engine, SGLangServerEngine):
         try:
             run.breakdown = read_breakdown(trace, s.profile_steps)
@@ -277,9 +280,13 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
             info["unchecked_pins"] = unchecked
         if run.breakdown is not None:
             info["breakdown"] = run.breakdown.to_json()
+        # each instance's start: how long, through which phases, and whether it built JIT kernels or reused them
+        starts = [{"start_s": round(r.start_s, 1)} | ({"start_phases": r.start_phases} if r.start_phases else {})
+                  | ({"jit_cache": r.jit_cache} if r.jit_cache else {}) for r, _ in runs]
+        info["engine_starts"] = starts
         if s.engine_instances > 1:
             info["instances"] = [{k: round(m[k].value, 4) for k in m if k == "ms_per_token" or k == "ttft_ms"
-                                  or k.startswith("step_")} | {"start_s": round(r.start_s, 1)} for r, m in runs]
+                                  or k.startswith("step_")} | st for (_, m), st in zip(runs, starts)]
         if any(u is not None for u in run.usage_tokens):
             info["usage_completion_tokens"] = run.usage_tokens
         floor_m = metrics.get("floor_ms_per_token")

@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 from moebench.decode import openai_stream
 from moebench.decode.openai_stream import StreamBroken, StreamResult
-from moebench.decode.procs import EngineError, EngineProcess
+from moebench.decode.procs import EngineError, EngineProcess, descendants
+from moebench.decode.startup import StartWatch
 from moebench.decode.stats import Trial
 
 
@@ -45,26 +46,37 @@ class ServerEngine:
         self.proc: EngineProcess | None = None
         self.model = ""
         self.usage_tokens: list[int | None] = []
+        self.start_phases: dict[str, float] = {}  # phase -> seconds after start when the log first named it
 
     def _fail(self, message: str) -> EngineError:
         if self.log is None:
             return EngineError(f"{message} (server at {self.url}, not started by moebench: no log)")
         return EngineError(message, self.log)
 
+    def _pids(self) -> list[int]:
+        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+
     def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
         """Start the server (unless it is an external URL) and wait until /health answers 200.
-        Returns the seconds it took."""
+        Returns the seconds it took. Progress lines and a missed deadline name the phase the log
+        reached and the compilers running under the server (startup.py)."""
         t0 = time.monotonic()
         if self.cmd:
             assert self.log is not None
             self.proc = EngineProcess(self.cmd, self.log, env=self.env)
+        watch = StartWatch(self.log if self.cmd else None, self._pids)
         deadline = t0 + self.start_timeout
-        next_note = t0 + 15
+        next_look, next_note = t0, t0 + 15
         while True:
+            now = time.monotonic()
+            if now >= next_look:
+                watch.note(now)
+                next_look += 5
             code = self.proc.exit_code() if self.proc else None
             if code is not None:
+                watch.note(now)
                 raise self._fail(f"the server exited with code {code} before it became healthy "
-                                 f"({time.monotonic() - t0:.1f} s after start)")
+                                 f"({now - t0:.1f} s after start, {watch.phrase(now)})")
             try:
                 status, _ = openai_stream.get(self.url, self.health_path, timeout=2.0)
                 if status == 200:
@@ -73,12 +85,15 @@ class ServerEngine:
                 pass  # not listening yet
             now = time.monotonic()
             if now >= deadline:
+                watch.note(now)
                 raise self._fail(f"the server did not become healthy within {self.start_timeout:.0f} s "
-                                 f"(GET {self.url}{self.health_path})")
+                                 f"({watch.phrase(now)}; GET {self.url}{self.health_path})")
             if now >= next_note:
-                progress(f"server starting ({now - t0:.0f} s)")
+                progress(f"server starting ({now - t0:.0f} s): {watch.phrase(now)}")
                 next_note += 15
             time.sleep(0.25)
+        watch.note(time.monotonic())
+        self.start_phases = watch.phases
         try:
             self.model = openai_stream.served_model(self.url)
         except (StreamBroken, OSError) as e:

@@ -19,6 +19,7 @@ expects.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -82,12 +83,43 @@ def profile_request(folder: Path, steps: int) -> dict:
             "with_stack": False, "record_shapes": False, "profile_id": PROFILE_ID}
 
 
+def jit_cache_dir(env: dict[str, str] | None) -> Path:
+    """Where SGLang's JIT kernels (tvm-ffi's load_inline) are cached for an engine environment:
+    $TVM_FFI_CACHE_DIR, else ~/.cache/tvm-ffi (sglang/jit_kernel/utils.py, 0.5.15)."""
+    env = os.environ if env is None else env
+    raw = env.get("TVM_FFI_CACHE_DIR") or "~/.cache/tvm-ffi"
+    home = env.get("HOME") or os.path.expanduser("~")
+    return Path(raw.replace("~", home, 1) if raw.startswith("~") else raw)
+
+
+def jit_modules(folder: Path) -> int:
+    """How many built JIT modules (a .so in a module's folder) a cache folder holds."""
+    return sum(1 for _ in folder.glob("*/*.so")) if folder.is_dir() else 0
+
+
 class SGLangServerEngine(ServerEngine):
     """ServerEngine whose trials go through SGLang's native /generate, with a profiled trial."""
 
     def __init__(self, *args, profile_dir: Path | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.profile_dir = profile_dir
+        self.jit_cache: dict = {}
+
+    def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
+        """Start the server; also count its JIT cache's modules before and after, so a result shows
+        whether this start compiled SGLang's kernels (the first on a machine) or reused them."""
+        folder = jit_cache_dir(self.env)
+        before = jit_modules(folder)
+        took = super().start(progress)
+        self.jit_cache = {"dir": str(folder), "modules_before": before, "modules_after_start": jit_modules(folder)}
+        return took
+
+    def stop(self) -> list[int]:
+        """Stop the server; the JIT cache is counted once more (kernels first called by a trial build then)."""
+        left = super().stop()
+        if self.jit_cache:
+            self.jit_cache["modules_at_stop"] = jit_modules(Path(self.jit_cache["dir"]))
+        return left
 
     def stream(self, prompt: list[int], max_tokens: int) -> StreamResult:
         """One streamed /generate request."""
