@@ -1,23 +1,26 @@
 #!/usr/bin/env bash
 # SGLang and vLLM on one lent H200, the steps of docs/sglang.md in one job (ci/device_job.sh runs it in
-# the background across device calls). Each step is a ci/lent.sh pass, in this order, and leaves an
-# archive STEP.tgz in $JOB_OUT (results.json, summary.md, pytest log, engine logs; the first step's
-# decode traces apart in STEP-traces.tgz when small enough to come back):
+# the background across device calls). Each measuring step is a ci/lent.sh pass and leaves an archive
+# STEP.tgz in $JOB_OUT (results.json, summary.md, pytest log, engine logs; the decode traces of the
+# record and vLLM steps apart in STEP-traces.tgz when small enough to come back):
 #
 #   probe          the image's packages (pip freeze), nvcc, GPU: image-packages.txt beside the archives
-#   install        SGLang's and vLLM's kept parts installed (stage_engine.py install), nothing measured meanwhile
+#   install-sglang SGLang's kept parts installed (stage_engine.py install)
 #   record-kimi    the Kimi INT4 rank through SGLang, recorded from 3 engine instances (the first compiles
 #                  SGLang's JIT kernels; the next two show whether they reuse the cache)
-#   gate-kimi      the same rank through vLLM (in-process and server) and SGLang, gated: vLLM against the
-#                  committed entries, SGLang against record-kimi's
-#   plant-kimi     ci/planted's SGLang plugin: every tenth MoE layer's Marlin GEMMs twice, gated
-#   record-glm     the GLM-5 rank through SGLang (a `full` case), one instance
 #   jit-cache      SGLang's JIT cache (~/.cache/tvm-ffi) packed as jit-cache.tgz when under 15 MiB
+#   gate-sglang    the same rank through SGLang, gated against record-kimi's entry
+#   plant-kimi     ci/planted's SGLang plugin: every tenth MoE layer's Marlin GEMMs twice, gated
+#   install-vllm   vLLM's kept parts installed (waiting up to 5 minutes for the last to arrive)
+#   gate-vllm      the same rank through vLLM (in-process and server), gated against the committed entries
+#   record-glm     the GLM-5 rank through SGLang (a `full` case), one instance
 #
-#   ci/engines_h200.sh STEP...     e.g. `probe install record-kimi gate-kimi plant-kimi record-glm`
+#   ci/engines_h200.sh STEP...     e.g. `probe install-sglang record-kimi jit-cache gate-sglang ...`
 #
-# Needs MOEBENCH_COMMIT (the tree has no .git) and JOB_OUT. A failing step does not stop the next
-# (each is its own engine run); the exit code is the first failing step's, 0 when all passed.
+# SGLang's steps run with `ci/lent.sh --site none`: its processes see the same path in every step,
+# whether vLLM is installed beside it yet or not (their pins differ: docs/sglang.md). Needs
+# MOEBENCH_COMMIT (the tree has no .git) and JOB_OUT. A failing step does not stop the next (each is
+# its own engine run); the exit code is the first failing step's, 0 when all passed.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${JOB_OUT:?JOB_OUT is not set: run through ci/device_job.sh}
@@ -34,7 +37,7 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
   done
   [ ${#parts[@]} -gt 0 ] || return 0
   tar -C "$scratch" --exclude='*-profile' -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
-  if [ "$step" = record-kimi ] || [ "$step" = gate-kimi ]; then  # the SGLang and vLLM traces, for the category map
+  if [ "$step" = record-kimi ] || [ "$step" = gate-vllm ]; then  # the SGLang and vLLM traces, for the category map
     tar -C "$scratch" -czf "$out/.$step-traces.tgz" --wildcards "engine-logs/$step/*/*-profile" 2>/dev/null
     if [ "$(stat -c %s "$out/.$step-traces.tgz" 2>/dev/null || echo 0)" -lt $((15 << 20)) ]; then
       mv "$out/.$step-traces.tgz" "$out/$step-traces.tgz"
@@ -61,30 +64,38 @@ step() {  # step NAME CMD...: run, time, pack; remember the first failure
 }
 
 lent() { ci/lent.sh decode-engines --scratch "$scratch" --out "$scratch/lent-out" "$@"; }
+sglang() { lent --site none "$@"; }
+
+install() {  # install NAME TARGET [WAIT_S]: a staged engine's kept parts, waiting for the last ones
+  local keep=/root/stage-$1 t0=$SECONDS
+  until python3 ci/stage_engine.py install --keep "$keep" --target "$2"; do
+    [ $((SECONDS - t0)) -lt "${3:-0}" ] || { echo "== install $1 failed"; return 1; }
+    sleep 10
+  done
+  echo "== install $1: $((SECONDS - t0)) s"
+}
 
 for s in "$@"; do
   case "$s" in
     probe)
       { nvidia-smi -L; nvcc --version | tail -n 2; nproc; python3 --version; } 2>&1
-      python3 -m pip list --format=freeze >"$out/.image-packages.txt" 2>/dev/null && mv "$out/.image-packages.txt" "$out/image-packages.txt" ;;
-    install)  # into this job's log (no archive)
-      t0=$SECONDS
-      python3 ci/stage_engine.py install --keep /root/stage-sglang-0.5.15 --target "$MOEBENCH_SGLANG_SITE" &&
-        python3 ci/stage_engine.py install --keep /root/stage-vllm-0.21.0 --target /tmp/site ||
-        { echo "== install failed: nothing to measure"; exit 1; }
-      echo "== install: $((SECONDS - t0)) s" ;;
+      python3 -m pip list --format=freeze >"$out/.image-packages.txt" 2>/dev/null &&
+        mv "$out/.image-packages.txt" "$out/image-packages.txt" ;;
+    install-sglang) install sglang-0.5.15 "$MOEBENCH_SGLANG_SITE" || { echo "== nothing to measure"; exit 1; } ;;
+    install-vllm) install vllm-0.21.0 /tmp/site 300 || { [ "$first_rc" -eq 0 ] && first_rc=1; } ;;
+    record-kimi) step record-kimi sglang --pass record -- -k "sglang and kimi" --decode-instances 3 \
+      --decode-log-dir "$logs/record-kimi" ;;
     jit-cache)  # SGLang's built JIT kernels, to carry to the next bare machine (when small enough)
       tar -C "$HOME/.cache" -czf "$out/.jit-cache.tgz" tvm-ffi 2>/dev/null
       size=$(stat -c %s "$out/.jit-cache.tgz" 2>/dev/null || echo 0)
       echo "== jit-cache: $(find "$HOME/.cache/tvm-ffi" -name '*.so' 2>/dev/null | wc -l) modules, $((size >> 20)) MiB packed"
       if [ "$size" -lt $((15 << 20)) ]; then mv "$out/.jit-cache.tgz" "$out/jit-cache.tgz"; else rm -f "$out/.jit-cache.tgz"; fi ;;
-    record-kimi) step record-kimi lent --pass record -- -k "sglang and kimi" --decode-instances 3 \
-      --decode-log-dir "$logs/record-kimi" ;;
-    gate-kimi) step gate-kimi lent --pass gate -- -k "kimi and int4 and not w4 and not mma" \
-      --decode-log-dir "$logs/gate-kimi" ;;
+    gate-sglang) step gate-sglang sglang --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/gate-sglang" ;;
     plant-kimi) PYTHONPATH="$PWD/ci/planted${PYTHONPATH:+:$PYTHONPATH}" MOEBENCH_PLANT_EXPERTS=0.10 \
-      step plant-kimi lent --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/plant-kimi" ;;
-    record-glm) step record-glm lent --pass record -- -m "decode and sglang and full" -k glm \
+      step plant-kimi sglang --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/plant-kimi" ;;
+    gate-vllm) step gate-vllm lent --site /tmp/site --pass gate -- -k "kimi and int4 and not w4 and not mma and not sglang" \
+      --decode-log-dir "$logs/gate-vllm" ;;
+    record-glm) step record-glm sglang --pass record -- -m "decode and sglang and full" -k glm \
       --decode-log-dir "$logs/record-glm" ;;
     *) echo "ci/engines_h200.sh: error: unknown step '$s' (see the header)" >&2; exit 2 ;;
   esac

@@ -31,7 +31,8 @@
 #                      pass's output folder and the run history (default /tmp/moebench-lent)
 #   --out DIR          what comes back: summary.md, an archive of the scratch folder (default $OUT or /tmp/out)
 #   --site DIR         a staged vLLM's site-packages, put on PYTHONPATH (default $MOEBENCH_SITE, else
-#                      /tmp/site where it exists: shared/gpu/vllm-stage installs there)
+#                      /tmp/site where it exists: shared/gpu/vllm-stage installs there); `none`: no site,
+#                      so SGLang's processes see the same path whether or not vLLM was staged beside it
 #   --cpu              CPU mode (tests, laptops): passed to ci/nightly.sh
 #   --timeout-minutes N  each pass's limit (default: the family's job in ci/matrix.toml)
 #   --dry-run          print the commands, run nothing
@@ -93,6 +94,7 @@ if [ "$pass" != gate ] && [ -n "$family" ] && [ -z "${MOEBENCH_COMMIT:-}" ] \
 fi
 
 [ -n "$site" ] || { [ -d /tmp/site ] && site=/tmp/site; }
+[ "$site" = none ] && site=""
 # A PYTHONPATH entry does not read .pth files: the folders they add go on it too (CuTe DSL's, for SGLang).
 site_path=$site
 [ -z "$site" ] || site_path=$(PYTHONPATH="$root/src" "$py" -m moebench.sites "$site") || die "cannot read --site $site"
