@@ -38,8 +38,11 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
   [ ${#parts[@]} -gt 0 ] || return 0
   tar -C "$scratch" --exclude='*-profile' -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
   if [ "$step" = record-kimi ] || [ "$step" = gate-vllm ]; then  # the SGLang and vLLM traces, for the category map
-    tar -C "$scratch" -czf "$out/.$step-traces.tgz" --wildcards "engine-logs/$step/*/*-profile" 2>/dev/null
-    if [ "$(stat -c %s "$out/.$step-traces.tgz" 2>/dev/null || echo 0)" -lt $((15 << 20)) ]; then
+    # tar globs no member names when it creates an archive: the shell expands the pattern (run 1 sent none)
+    local traces=()
+    for d in "$logs/$step"/*/*-profile; do [ -d "$d" ] && traces+=("${d#"$scratch"/}"); done
+    [ ${#traces[@]} -gt 0 ] && tar -C "$scratch" -czf "$out/.$step-traces.tgz" "${traces[@]}"
+    if [ -f "$out/.$step-traces.tgz" ] && [ "$(stat -c %s "$out/.$step-traces.tgz")" -lt $((15 << 20)) ]; then
       mv "$out/.$step-traces.tgz" "$out/$step-traces.tgz"
     else
       echo "== $step: traces over 15 MiB, not brought back"; rm -f "$out/.$step-traces.tgz"

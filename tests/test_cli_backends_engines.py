@@ -63,3 +63,30 @@ def test_a_case_in_two_files_or_two_hardware_keys_is_one_line_exit_2(tmp_path, c
 def test_a_metric_asked_for_by_name_must_be_in_every_case(capsys):
     assert main(["backends", str(VLLM), str(SGLANG), "--family", "decode", "--metric", "step_routed_experts_ms"]) == 2
     assert "metrics.step_routed_experts_ms: missing" in capsys.readouterr().err
+
+
+def test_the_engines_table_shows_what_each_engine_chose_and_where_its_step_goes(tmp_path, capsys):
+    """Below the metric tables: each engine's MoE kernel and attention backend from its log, its categories
+    as shares of the GPU busy time, and the last engine minus the first, so the faster one and where it
+    gains read off one table."""
+    def with_breakdown(src: Path, engine: str, moe: str, attention: str, shares: dict[str, float]) -> Path:
+        doc = json.loads(src.read_text())
+        for c in doc["cases"]:
+            if c["info"]["engine"] == engine:
+                c["info"]["engine_choices"] = {"moe": [moe], "attention": [attention]}
+                c["info"]["breakdown"] = {"categories": {k: {"busy_share_ms_per_step": v} for k, v in shares.items()}}
+        out = tmp_path / src.name
+        out.write_text(json.dumps(doc))
+        return out
+
+    vllm = with_breakdown(VLLM, "vllm", "marlin (vLLM)", "FLASH_ATTN_MLA", {"routed_experts": 1.786, "attention": 0.853})
+    sglang = with_breakdown(SGLANG, "sglang-server", "marlin (SGLang)", "fa3", {"routed_experts": 1.520, "attention": 0.9})
+    assert main(["backends", str(vllm), str(sglang), "--family", "decode"]) == 0
+    out = capsys.readouterr().out.split("engines side by side: ")[1]
+    assert out.startswith(RANK) and "last column: sglang-server/marlin - vllm/marlin" in out
+    rows = {ln.split("  ")[0]: ln.split() for ln in out.splitlines()[3:]}
+    assert rows["MoE kernel (engine log)"][-4:] == ["(vLLM)", "-", "marlin", "(SGLang)"]
+    assert rows["attention (engine log)"][-3:] == ["FLASH_ATTN_MLA", "-", "fa3"]
+    assert rows["routed experts (ms/step of GPU busy)"][-4:] == ["1.786", "-", "1.520", "-0.266"]
+    assert rows["attention (ms/step of GPU busy)"][-4:] == ["0.853", "-", "0.900", "+0.047"]
+    assert rows["steady ms/token"][-4:] == ["6.900", "6.830", "7.400", "+0.500"]

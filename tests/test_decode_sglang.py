@@ -20,6 +20,7 @@ from moebench.decode.runner import check_choices, run_engine
 from moebench.decode.scenarios import DecodeCase, load_scenarios, parse_scenario
 from moebench.decode.sglang_engine import (SGLangServerEngine, generate_payload, profile_request, read_breakdown,
                                            stream_generate, take_event)
+from moebench.decode.server import free_port
 from moebench.decode.sglang_trace import find_decode_trace, sglang_category, split_by_graph_launches
 from moebench.decode.trace import Kernel, TraceError, load_events
 
@@ -43,14 +44,29 @@ def test_the_shipped_rank_runs_through_sglang_with_token_ids_and_dummy_weights()
     assert cmd[:3] == ["python3", "-m", "sglang.launch_server"]
     for part in ("--skip-tokenizer-init", "--load-format dummy", "--moe-runner-backend auto", "--grammar-backend none",
                  "--disable-radix-cache", "--max-running-requests 1", "--port 30123", "--tensor-parallel-size 1",
-                 "--context-length 256", "--served-model-name moebench"):
+                 "--context-length 256", "--served-model-name moebench", "--max-total-tokens 4096"):
         assert part in joined, part
     assert "--attention-backend" not in cmd and "--quantization" not in cmd  # SGLang's own choice; the config's method
     assert "--disable-cuda-graph" not in cmd
     assert case.key == "decode[kimi-k2.5-int4-rank-sglang-server-tp1-int4-g32-moe_auto-attn_auto-graph-p64-o128]"
     assert {m for m, _ in case.markers()} == {"decode", "sglang", "gpu"}
     assert {m for m, _ in _case("glm-5-int4-rank-sglang").markers()} == {"decode", "sglang", "gpu", "full"}
-    assert case.definition()["breakdown_map"] == "2+sglang1"
+    assert case.definition()["breakdown_map"] == "2+sglang2"
+
+
+def test_an_sglang_server_gets_a_port_its_grpc_offset_keeps_in_range(monkeypatch):
+    """SGLang refuses --port p when p + 10000 > 65535 (a start on the H200 failed so): every port moebench
+    gives it stays under 55536, drawn at random and free; a vLLM server keeps the kernel's choice."""
+    from moebench.decode import runner
+
+    asked = []
+    monkeypatch.setattr(runner, "free_port", lambda below=None: asked.append(below) or 30123)
+    runner.make_engine(_case(), Path("/tmp/unused.log"))
+    [rank] = [x for x in load_scenarios(REPO / "benchmarks" / "decode_scenarios.toml") if x.name == "kimi-k2.5-int4-rank"]
+    runner.make_engine(DecodeCase(rank, "vllm-server"), Path("/tmp/unused.log"))  # the vLLM server of the same rank
+    assert asked == [55536, None] and commands.SGLANG_PORT_BELOW + 10000 == 65536
+    ports = [free_port(below=55536) for _ in range(200)]
+    assert all(20000 <= p < 55536 for p in ports) and len(set(ports)) > 100
 
 
 def test_a_checkpoint_with_a_tokenizer_starts_without_skip_tokenizer_init(tmp_path):
@@ -227,6 +243,42 @@ def test_without_graph_launches_the_window_is_one_pool_and_not_gated():
     assert steps.source.startswith("assumed 4 steps") and steps.count == 4
     with pytest.raises(TraceError, match="no GPU kernel"):
         split_by_graph_launches([e for e in events if e.get("cat") != "kernel" and e.get("cat") != "gpu_memcpy"], 4)
+
+
+# The largest kernels of each category on the first H200 trace (SGLang 0.5.15, the Kimi INT4 rank), as its
+# results file named them (cut at 120 characters as the breakdown keeps them), with the category each belongs to.
+H200_KERNELS = {
+    "void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90<2, cute":
+        "attention",
+    "kernel_cutlass_kernel_flashinfernormkernelsfused_add_rmsnormFusedAddRMSNormKernel_object_at__tensorptrbf16gmemalign128o7":
+        "norms_elementwise",
+    "kernel_cutlass_kernel_flashinfernormkernelsrmsnormRMSNormKernel_object_at__tensorptrbf16gmemalign128o153615361_tensorptr":
+        "norms_elementwise",
+    "void flash::prepare_varlen_num_blocks_kernel<1, true>(int, int, int, int const*, int const*, int const*, int const*, int":
+        "attention",
+    "void (anonymous namespace)::fused_rope_kernel<false, 64l, true, __nv_bfloat16, long, 8u>((anonymous namespace)::FusedRop":
+        "attention",
+    "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNT": "dense_gemms",
+    "void (anonymous namespace)::fused_a_gemm_kernel<1, 2112, 7168, 16, 8, 256, 16>(__nv_bfloat16*, __nv_bfloat16 const*, __n":
+        "dense_gemms",
+    "void (anonymous namespace)::act_and_mul_kernel<__nv_bfloat16, ((anonymous namespace)::ActivationKind)0, true, false>((an":
+        "norms_elementwise",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::ArgMaxOps<float>, unsigned int, long, 4, ":
+        "norms_elementwise",
+    "void device::marlin_moe::Marlin<__nv_bfloat16, 1125899907892224l, 1125899906909960l, 128, 1, 8, 4, true, 4, 2, false>(in":
+        "routed_experts",
+    "void moe_sum_reduce_kernel<c10::BFloat16, 8>(c10::BFloat16 const*, c10::BFloat16*, long, long, long, long, long, at::OpM":
+        "routed_experts",
+    "_router_triton_kernel": "router_topk_align",
+    "void (anonymous namespace)::router_gemm_kernel<__nv_bfloat16, float, 128, 8, 1, 384, 7168, true>(float*, __nv_bfloat16 c":
+        "router_topk_align",
+    "void count_and_sort_expert_tokens_kernel<int>(int const*, int*, int*, unsigned long)": "router_topk_align",
+}
+
+
+@pytest.mark.parametrize("name", sorted(H200_KERNELS))
+def test_each_kernel_of_the_first_h200_trace_sorts_into_its_category(name):
+    assert sglang_category(Kernel(name, 0, 1, "kernel")) == H200_KERNELS[name]
 
 
 def test_sglangs_rules_leave_the_sampler_and_copies_to_the_shared_map():

@@ -87,3 +87,28 @@ def test_sglang_gets_the_same_plant_on_its_fused_marlin_moe_module(monkeypatch):
     dist = metadata.PathDistribution(PLANTED / "moebench_planted-0.1.dist-info")
     [ep] = [e for e in dist.entry_points if e.group == "sglang.srt.plugins"]
     assert ep.value == "moebench_planted:register_sglang"
+
+
+def test_sglangs_marlin_module_is_planted_when_sglang_imports_it_not_before(tmp_path, monkeypatch):
+    """The plugin runs first in SGLang's launcher; importing the MoE module from there failed on the H200
+    (FlashInfer's comm package needs cuda.tile). It must wait for SGLang's own import, then plant."""
+    pkg = tmp_path / "sglang" / "srt" / "layers" / "moe" / "fused_moe_triton"
+    pkg.mkdir(parents=True)
+    for d in [pkg, *pkg.parents][:5]:
+        (d / "__init__.py").write_text("")
+    (pkg / "fused_marlin_moe.py").write_text("CALLS = []\n\ndef moe_wna16_marlin_gemm(a, c, *rest, **kw):\n"
+                                            "    CALLS.append(c)\n    return a\n")
+    for n in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+        monkeypatch.delitem(sys.modules, n)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLANTED))
+    monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.setenv("MOEBENCH_PLANT_EXPERTS", "0.5")
+    planted = importlib.import_module("moebench_planted")
+    planted.register_sglang()
+    assert planted.SGLANG_MARLIN not in sys.modules  # nothing imported by the plugin itself
+    marlin = importlib.import_module(planted.SGLANG_MARLIN)
+    assert [marlin.moe_wna16_marlin_gemm(i, f"buf{i}") for i in range(4)] == [0, 1, 2, 3]
+    assert marlin.CALLS == ["buf0", None, "buf1", None, "buf2", "buf3"]  # layer 0 (calls 0-1) twice, layer 1 once
+    assert not any(isinstance(f, planted._PlantOnImport) for f in sys.meta_path)

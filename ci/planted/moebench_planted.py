@@ -15,7 +15,10 @@ The calls happen inside the engine's CUDA-graph capture too, so the extra kernel
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
 import os
+import sys
 
 
 def register() -> None:
@@ -27,15 +30,48 @@ def register() -> None:
         _plant(ops, every)
 
 
+SGLANG_MARLIN = "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"
+
+
 def register_sglang() -> None:
     """SGLang calls this in each of its processes (entry point `sglang.srt.plugins`). Its Marlin MoE
     (`fused_marlin_moe`) calls the module-level `moe_wna16_marlin_gemm` it imported from sglang.jit_kernel,
-    with the output buffer as the second positional argument (SGLang 0.5.15)."""
-    every = _every()
-    if every:
-        from sglang.srt.layers.moe.fused_moe_triton import fused_marlin_moe
+    with the output buffer as the second positional argument (SGLang 0.5.15).
 
-        _plant(fused_marlin_moe, every)
+    The module is planted when SGLang itself imports it, not imported here: importing it from the plugin
+    (which SGLang's launcher loads before anything else) pulled in FlashInfer's comm package before
+    SGLang's own guarded import of it, failed on `cuda.tile` on the H200 image, and left the plant unapplied."""
+    every = _every()
+    if not every:
+        return
+    if SGLANG_MARLIN in sys.modules:
+        _plant(sys.modules[SGLANG_MARLIN], every)
+    elif not any(isinstance(f, _PlantOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PlantOnImport(SGLANG_MARLIN, lambda module: _plant(module, every)))
+
+
+class _PlantOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when `name` is being imported, it lets the other finders find it and runs
+    `then(module)` right after the module's own code."""
+
+    def __init__(self, name: str, then):
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)  # one module, once; and the search below must not find us again
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module):
+            run(module)
+            self.then(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
 
 
 def _every() -> int:

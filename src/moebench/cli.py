@@ -30,7 +30,8 @@ from moebench.changes_cli import read_changes, register as register_changes
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, EXIT_USAGE, CliError, check_patterns, matcher
 from moebench.history import load_history
 from moebench.results import ResultsError
-from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tally
+from moebench.decode.engines_report import engines_tables
+from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tables_text, tally
 from moebench.runs import backend_matrix, compare_runs, load_run, load_runs, merge_runs, resolve_reference
 
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
@@ -100,6 +101,10 @@ def cmd_backends(args: argparse.Namespace) -> int:
             print()
         _backends_table(args, run, metric, by_engine=(args.by or ("engine" if decode else "backend")) == "engine",
                         required=bool(args.metric))
+    if decode and not args.metric:  # where each engine's step goes, and what it chose to run
+        for text in tables_text(engines_tables(run)):
+            print()
+            print(text)
     return EXIT_OK
 
 

@@ -29,6 +29,15 @@ SGLANG_SITE_ENV = "MOEBENCH_SGLANG_SITE"
 # fills --mem-fraction-static (39.7 GB on the H200 Kimi rank: minutes of start-up for nothing). 4096 holds
 # the stream, its prefill chunk and the warm-up request with room to spare.
 SGLANG_KV_TOKENS = 4096
+# SGLang 0.5.15 derives a gRPC port (its --port + 10000) and refuses to start when that passes 65535, gRPC on
+# or not (server_args._handle_deprecated_args): a free port from the kernel's ephemeral range (up to 60999)
+# failed one of six starts that way on the H200 (a fifth of that range is above 55535). Its servers get a port under this.
+SGLANG_PORT_BELOW = 65536 - 10000
+
+
+def port_below(case: DecodeCase) -> int | None:
+    """The bound a case's server port must stay under (None: any free port)."""
+    return SGLANG_PORT_BELOW if case.engine_kind == "sglang-server" else None
 
 
 

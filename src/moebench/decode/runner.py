@@ -105,7 +105,7 @@ def make_engine(case: DecodeCase, log: Path):
                                      "torch_profiler_with_stack": False, "torch_profiler_dump_cuda_time_total": False}
         spec = {"llm_kwargs": kw, "detokenize": models.has_tokenizer(model_dir)}
         return InProcessEngine(spec, log, env, **times), {"llm_kwargs": kw, "env": commands.env_recorded(env)}
-    port = free_port()
+    port = free_port(below=commands.port_below(case))
     cmd = commands.server_command(case, model_dir, port)
     launch = {"command": cmd, "env": commands.env_recorded(env)}
     if case.engine_kind == "sglang-server":  # its native /generate: token-id prompts without a tokenizer

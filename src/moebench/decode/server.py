@@ -10,6 +10,7 @@ stopped, only health and streams.
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 from pathlib import Path
@@ -22,11 +23,23 @@ from moebench.decode.startup import StartWatch
 from moebench.decode.stats import Trial
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the server binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(below: int | None = None, tries: int = 200) -> int:
+    """A TCP port free on 127.0.0.1 right now (the server binds it a moment later). `below`: the port
+    must be under this (an engine that derives other ports from it by an offset); then ports are drawn
+    at random from 20000 up, not left to the kernel, whose ephemeral range reaches 60999."""
+    if below is None:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return s.getsockname()[1]
+    for _ in range(tries):
+        port = random.randrange(20000, below)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free TCP port between 20000 and {below} on 127.0.0.1 after {tries} tries")
 
 
 class ServerEngine:
