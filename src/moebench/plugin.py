@@ -365,10 +365,15 @@ def _write_baselines(session: pytest.Session, state: RunState, lines: list[str],
     from moebench.baselines.update import write_updates
 
     try:
-        lines.extend(write_updates(state, propose_dir=session.config.getoption("baseline_propose")))
+        written, refused = write_updates(state, propose_dir=session.config.getoption("baseline_propose"))
     except (OSError, BaselineError) as e:
         lines.append(f"moebench: baselines NOT written: {e}")
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        return
+    lines.extend(written)
+    if refused and session.exitstatus == pytest.ExitCode.OK:
+        # An update that left entries out fails: it exited 0 under "1 passed" with nothing written.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -> None:

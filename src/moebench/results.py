@@ -101,7 +101,8 @@ def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ..
     between = d.get("noise_machines")
     return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
                   float(d.get("rel_tol", 0.05)), gated, samples,
-                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff")
+                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff",
+                  kind=d.get("kind"), gate_off=d.get("gate") == "none")
 
 
 @dataclass(frozen=True)
