@@ -59,6 +59,12 @@ TIGHT_SPREAD = 0.01
 TIGHT_REL_TOL = 0.03
 
 
+def timed_on(device: str) -> str:
+    """The kind of a time taken on `device`: a device timing on a GPU, a CPU's wall clock (host-bound,
+    moving with the box's load) on a CPU."""
+    return HOST_BOUND if device == "cpu" else DEVICE_KERNEL
+
+
 def kind_of(name: str | None) -> Kind:
     """The Kind named `name` (UNKNOWN for None or a name this table does not have)."""
     return KINDS.get(name or UNKNOWN, KINDS[UNKNOWN])
