@@ -74,3 +74,12 @@ def test_a_kernel_time_whose_machines_agree_within_1pct_gates_at_3pct(between, s
     stored = {"metrics": {"graph_us": {**m, "rel_tol": stored_tol}}} if stored_tol is not None else None
     out, _ = prepare_entry("gemm[x]", {"metrics": {"graph_us": m}}, stored)
     assert out["metrics"]["graph_us"]["rel_tol"] == expected
+
+
+def test_the_report_page_says_what_was_not_written():
+    # ci/nightly.sh passes the plugin's "NOT written" / "not gating" lines with --note; the page shows them
+    from moebench.report_page import Page, index_html, index_markdown
+
+    page = Page("t", "latest run: 1 PASS", [], None, [], notes=("moebench: fake[a]: baseline NOT written: x",))
+    assert "moebench: fake[a]: baseline NOT written: x" in index_html(page)
+    assert "moebench: fake[a]: baseline NOT written: x" in index_markdown(page)
