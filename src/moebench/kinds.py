@@ -50,7 +50,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(GPU_DECODE, "GPU-bound decode", 0.03),
     Kind(HOST_BOUND, "host-bound", 0.50),
     Kind(DEVICE_COLLECTIVE, "device collective", 0.05),
-    Kind(UNKNOWN, "kind not recorded", 0.05),
+    Kind(UNKNOWN, "a metric of no recorded kind", 0.05),
 )}
 
 # The tolerance rule from a measured spread between machines: a kernel time whose machines agree within
