@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 from moebench.method import cpu_timer_method, gpu_timer_method
+from moebench.kinds import DEVICE_KERNEL, timed_on
 from moebench.metrics import Metric
 from moebench.selfcheck import CopyWork, aa_check, interleaved, sensitivity_check
 from moebench.timing import StopRule
@@ -77,7 +78,7 @@ def test_aa_same_work_agrees(moebench):
     check = aa_check(sa, sb)
     if check.failure:
         pytest.fail(check.failure, pytrace=False)
-    b = Metric.from_samples([x * 1e6 for x in sb], "us", "lower", rel_tol=0.05)
+    b = Metric.from_samples([x * 1e6 for x in sb], "us", "lower", rel_tol=0.05, kind=timed_on(work.device))
     moebench.record(f"selfcheck[aa-copy-{work.nbytes >> 20}MiB-{work.device}]", "selfcheck", _definition(work, op="aa"),
                     lambda: {"aa_abs_delta_pct": Metric(abs(check.comparison.delta_pct), "%", "lower", gated=False),
                              "timing_spread_pct": _spread_metric(check), "copy_us": b},
@@ -120,7 +121,7 @@ def test_graph_timer_agrees_with_do_bench(moebench):
     calls = [lambda: torch.matmul(a, b, out=out)] * r
     rule = StopRule(min_samples=30, max_seconds=3)
     ours = Metric.from_samples([s * 1e6 for s in graph_timer(calls, rule)],
-                               "us", "lower", rel_tol=0.05)
+                               "us", "lower", rel_tol=0.05, kind=DEVICE_KERNEL)
     graph = capture_graph(torch, calls)
     theirs = testing.do_bench(graph.replay, warmup=50, rep=300, return_mode="median") * 1e3 / r
     single = testing.do_bench(calls[0], warmup=50, rep=300, return_mode="median") * 1e3

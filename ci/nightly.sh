@@ -23,6 +23,7 @@
 #   --no-plots           skip the trend plots (a machine without matplotlib); the comparison stays
 #
 # Writes into the output folder: results.json, summary.md, junit.xml, pytest.log, proposed-baselines/ (not with --record),
+# baselines-not-written.txt (only when the baseline write refused an entry or kept one as not gating),
 # machine/ (ci/snapshot.sh), report/ (plots/*.png, index.html, index.md), compare-previous.txt,
 # changes.txt / changes.json / changes.md (`moebench changes` over this job's history; also in summary.md).
 # The run joins the history as <hardware-key>/<job>/<UTC time>-<random>.json: two runs started in the
@@ -116,9 +117,23 @@ echo "== $py -m pytest benchmarks/ ${args[*]} ${extra[*]}"
 # --foreground: pytest stays in this script's process group, so a cancelled job or a Ctrl-C reaches it.
 timeout --foreground -s INT -k 120 $((limit_s - reserve)) "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}
+# What the run's baseline write left out or kept without gating, by case key (the plugin's lines): said in
+# one line here, in summary.md and at the top of the report page.
+unwritten="$out/baselines-not-written.txt"
+grep -E '^moebench: .*NOT written|stored as not gating' "$out/pytest.log" >"$unwritten" 2>/dev/null
+refused=$(grep -c 'baseline NOT written: \|^moebench: baselines NOT written' "$unwritten")
+ungated=$(grep -c 'stored as not gating' "$unwritten")
+if [ -s "$unwritten" ]; then
+  what=$([ "$record" = 1 ] && echo "$baseline_dir" || echo "proposed-baselines/")
+  echo "== baselines ($what): $refused entr$([ "$refused" = 1 ] && echo y || echo ies) NOT written, $ungated metric(s) stored as not gating (noise too wide); to gate them, record with more runs on a quieter machine (moebench aa --runs 3 --promote DIR -- ...); see $unwritten"
+  { echo; echo "### Baselines not written or not gating"; echo; echo '```'; cat "$unwritten"; echo '```'; } >>"$out/summary.md" 2>/dev/null
+else
+  rm -f "$unwritten"
+fi
 case "$rc" in
   0) ;;
-  1) echo "== pytest: some cases failed (a regression or an error): see the verdict table above" ;;
+  1) if [ "$refused" -gt 0 ]; then echo "== pytest: $refused baseline entr$([ "$refused" = 1 ] && echo y || echo ies) NOT written (see above)";
+     else echo "== pytest: some cases failed (a regression or an error): see the verdict table above"; fi ;;
   5) echo "== pytest: -m \"$markers\" selected no test" ;;
   124|130) echo "== pytest: interrupted at the time limit; the results hold the cases that finished" ;;
   *) echo "== pytest exited $rc" ;;
@@ -185,7 +200,10 @@ if [ -f "$out/results.json" ]; then
     # Its "skipped FILE" lines are left out when `moebench changes` has already named those files.
     skipped_named='^moebench report: skipped '
     [ -f "$out/changes.json" ] || skipped_named='^$^'
+    with_note=()
+    [ -s "$unwritten" ] && with_note=(--note "$unwritten")
     { "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" "${with_changes[@]}" \
+        "${with_note[@]}" \
         2>&1 1>&3 | grep -v "$skipped_named" >&2; plot_rc=${PIPESTATUS[0]}; } 3>&1
     [ "$plot_rc" -eq 0 ] || report_rc=$plot_rc
   fi
@@ -196,8 +214,8 @@ fi
 
 # Only what is there: a run stopped early has no report, a --record run no proposed baselines.
 wrote=()
-for f in results.json summary.md junit.xml pytest.log proposed-baselines/ machine/ compare-previous.txt changes.txt \
-         report/index.html; do
+for f in results.json summary.md junit.xml pytest.log proposed-baselines/ baselines-not-written.txt machine/ \
+         compare-previous.txt changes.txt report/index.html; do
   [ -e "$out/$f" ] && wrote+=("$f")
 done
 echo "== wrote $out: ${wrote[*]:-nothing}${kept:+; history $kept}"

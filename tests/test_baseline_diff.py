@@ -45,3 +45,12 @@ def test_a_field_this_code_does_not_know_is_shown_with_the_provenance_that_came_
         [("independent_runs", None, 3), ("provenance", old["provenance"], new["provenance"])]
     assert entry_changes(KEY, old, {**old, "provenance": new["provenance"]}) == [], \
         "a new provenance alone (the same numbers re-recorded) is no change"
+
+
+def test_a_kind_whose_assumed_spread_is_wider_loosens_and_a_narrower_one_does_not():
+    # no noise_machines: another machine assumes the kind's spread (2% kernel time, 50% host-bound)
+    assert _looser(_entry(kind="device_kernel"), _entry(kind="host_bound")) == \
+        {"kind": "kind device_kernel -> host_bound: 50.0% between machines assumed (was 2.0%)"}
+    assert _looser(_entry(kind="host_bound"), _entry(kind="device_kernel")) == {"kind": ""}
+    assert _looser(_entry(kind="device_kernel", noise_machines=0.004),
+                   _entry(kind="host_bound", noise_machines=0.004)) == {"kind": ""}, "a measured spread holds"

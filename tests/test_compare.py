@@ -74,8 +74,9 @@ def test_tolerance_is_the_baselines_not_the_measurements():
     assert c.verdict is V.REGRESSION and c.rel_tol == 0.05
 
 
+# A rate's worse is the time ratio less one (compare.slowdown): 100 -> 90 GB/s is 100/90 - 1 = 11.1% slower.
 @pytest.mark.parametrize("direction, value, worse", [("lower", 110, 0.10), ("lower", 90, -0.10),
-                                                    ("higher", 90, 0.10), ("higher", 110, -0.10)])
+                                                    ("higher", 90, 10 / 90), ("higher", 110, -10 / 110)])
 def test_worse_is_positive_when_worse_in_either_direction(direction, value, worse):
     c = compare_metric(m(value, direction), m(100, direction))
     assert c.worse == pytest.approx(worse)

@@ -186,13 +186,13 @@ def test_another_machine_of_the_kind_is_gated_with_the_spread_between_machines()
         assert r.verdict is verdict, machines
         assert r.comparisons["lat"].other_machine is (machines != ("cpu-000000000001",))
     assert s.rows[-1].note.endswith("baseline from another machine of this kind (spread between machines not "
-                                    "recorded: 5% assumed)")
+                                    "recorded: 5% assumed for a metric of no recorded kind)")
     # past twice the assumed spread it is a regression on any machine, and the line says where the baseline is from
     s = state(baseline_set({"lat": 100.0}, machines=("gpu-aaaaaaaaaaaa",)))
     r = record(s, Source(111.0))
     assert r.verdict is Verdict.REGRESSION
     assert s.failure_line(r).endswith("noise 10.0%, baseline from another machine of this kind (spread between "
-                                      "machines not recorded: 5% assumed)")
+                                      "machines not recorded: 5% assumed for a metric of no recorded kind)")
 
 
 def test_a_cpu_other_than_the_recording_one_is_named_on_the_row():

@@ -85,7 +85,7 @@ MALFORMED = [
     ("empty unit", _set("", *LAT, "unit"), f"{A}.metrics.latency_us.unit"),
     ("no metrics", _set({}, "entries", "fake[a]", "metrics"), f"{A}.metrics"),
     ("no definition_hash", _del("entries", "fake[a]", "definition_hash"), f"{A}.definition_hash"),
-    ("wrong schema_version", _set(2, "schema_version"), "schema_version"),
+    ("wrong schema_version", _set(3, "schema_version"), "schema_version"),
     ("schema_version true", _set(True, "schema_version"), "schema_version"),
     ("schema_version 1.0", _set(1.0, "schema_version"), "schema_version"),
     ("no schema_version", _del("schema_version"), "schema_version"),

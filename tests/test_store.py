@@ -21,18 +21,8 @@ from pathlib import Path
 import pytest
 
 from moebench.baselines.schema import BaselineError, fingerprint_id
-from moebench.baselines.store import (
-    BaselineSet,
-    check_writable,
-    dumps,
-    family_path,
-    key_folder,
-    load_file,
-    locked,
-    merge_entries,
-    new_document,
-    other_hardware_entries,
-)
+from moebench.baselines.store import (BaselineSet, check_writable, dumps, family_path, key_folder, load_file, locked,
+                                      merge_entries, new_document, other_hardware_entries)
 from moebench.baselines.update import write_updates
 from moebench.files import atomic_write_text
 from moebench.metrics import Metric
@@ -288,7 +278,7 @@ def _record(state: RunState, value: float, key: str = "fake[a]") -> None:
 def test_write_updates_writes_then_reports_no_change(tmp_path):
     state = _state(tmp_path)
     _record(state, 100.0)
-    lines = write_updates(state)
+    lines, _ = write_updates(state)
     path = family_path(tmp_path, HW, "gemm")
     assert lines[0] == f"moebench: updated {path} (1 change)"
     doc = load_file(path, hardware_key=HW, family="gemm")
@@ -297,24 +287,27 @@ def test_write_updates_writes_then_reports_no_change(tmp_path):
 
     again = _state(tmp_path)
     _record(again, 100.0)
-    assert write_updates(again) == [f"moebench: {path}: no change"]
+    assert write_updates(again) == ([f"moebench: {path}: no change"], [])
     assert path.read_text() == text
 
     proposed = _state(tmp_path)
     _record(proposed, 90.0)
-    lines = write_updates(proposed, propose_dir=str(tmp_path / "proposal"))
+    lines, _ = write_updates(proposed, propose_dir=str(tmp_path / "proposal"))
     assert lines[0].startswith(f"moebench: proposed {family_path(tmp_path / 'proposal', HW, 'gemm')}")
     assert path.read_text() == text, "proposing must not touch the baseline folder"
 
 
 def test_update_refuses_a_value_the_schema_would_refuse(tmp_path):
-    # Written, such a file stopped every later run at load time; now nothing is written.
+    # Written, such a file stopped every later run at load time; now that entry is refused by key, the
+    # file is not made, and no empty folder is left behind.
     state = _state(tmp_path)
     state.record(nodeid="t::x", key="fake[a]", family="gemm", definition={"a": 1},
                  measure=lambda: {"latency_us": Metric(0.0, "us", "lower")})
-    with pytest.raises(BaselineError, match=r"entries\['fake\[a\]'\]\.metrics\.latency_us\.value: must be .* > 0"):
-        write_updates(state)
-    assert not family_path(tmp_path, HW, "gemm").exists()
+    lines, refused = write_updates(state)
+    assert refused == ["fake[a]"]
+    assert any(re.search(r"fake\[a\]: baseline NOT written: .*entries\['fake\[a\]'\]\.metrics\.latency_us\.value: "
+                         r"must be .* > 0", line) for line in lines), lines
+    assert not family_path(tmp_path, HW, "gemm").exists() and not (tmp_path / HW).exists()
 
 
 # --- hardware keys name folders -----------------------------------------------------------------------
@@ -361,7 +354,7 @@ def test_runs_that_loaded_the_file_before_either_wrote_keep_both_entries(tmp_pat
         state = _state(tmp_path)
         _record(state, value, key)
         barrier.wait()
-        return write_updates(state)
+        return write_updates(state)[0]
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         lines = [f.result() for f in [pool.submit(run, "fake[a]", 100.0), pool.submit(run, "fake[b]", 200.0)]]

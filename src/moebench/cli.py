@@ -169,8 +169,12 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise CliError(f"--baseline-dir {args.baseline_dir}: no such folder")
         baselines = {hw: BaselineSet.load(root, hw) for hw in {r.hardware_key for r in runs}}
     changes = read_changes(args.changes) if args.changes else None
+    try:
+        notes = tuple(Path(args.note).read_text(encoding="utf-8").splitlines()) if args.note else ()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CliError(f"--note {args.note}: cannot read: {getattr(e, 'strerror', None) or e}") from None
     rows, written = report_page.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
-                                             case_filter=matcher(args.case), changes=changes)
+                                             case_filter=matcher(args.case), changes=changes, notes=notes)
     pngs = [p for p in written if p.suffix == ".png" and p.parent.name == "plots"]  # the trends, not the charts
     print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
                 [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
@@ -323,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="draw the baselines stored here (default: the baseline each run recorded)")
     r.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
     r.add_argument("--changes", metavar="CHANGES.json", help="change points to mark and list (moebench changes --json)")
+    r.add_argument("--note", metavar="FILE", help="lines to show under the tally (ci/nightly.sh: baselines not written)")
     r.set_defaults(func=cmd_report)
     register_changes(sub, fmt)
 

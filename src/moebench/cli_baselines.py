@@ -7,17 +7,19 @@ from moebench.cli_common; numbers and tables from the report layer (moebench.rep
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from moebench.baselines.combine import combine_entries
 from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.diff import Change, diff, loosening
 from moebench.baselines.revision import is_revision, load_revision
+from moebench.baselines.rules import rule_of
 from moebench.baselines.store import entry_fingerprint, load_file
-from moebench.baselines.update import merge_files
+from moebench.baselines.update import merge_files, refusal_lines
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError, check_patterns, matcher
 from moebench.hardware import machine_name
-from moebench.report import fmt_pct, fmt_value, table
+from moebench.report import fmt_pct, fmt_rule, fmt_value, table
 from moebench.results import ResultsDoc, read_json
 from moebench.runs import baseline_entries
 
@@ -100,11 +102,11 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
             for name, m in sorted(e["metrics"].items()):
                 between = m.get("noise_machines")
                 rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"],
-                             "cliff" if m.get("gate") == "cliff" else fmt_pct(100 * m["rel_tol"]),
-                             fmt_pct(100 * m["noise"]), fmt_pct(100 * between) if between is not None else "-",
-                             str(m["n"]), runs, _provenance(e["provenance"])])
-        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "machines", "n", "runs", "provenance"],
-                    rows, right=(2, 4, 5, 6, 7, 8)))
+                             fmt_pct(100 * m["rel_tol"]), fmt_pct(100 * m["noise"]),
+                             fmt_pct(100 * between) if between is not None else "-",
+                             str(m["n"]), runs, fmt_rule(rule_of(m)), _provenance(e["provenance"])])
+        print(table(["case", "metric", "value", "better", "rel_tol", "noise", "machines", "n", "runs", "gate",
+                     "provenance"], rows, right=(2, 4, 5, 6, 7, 8)))
         print()
     return EXIT_OK
 
@@ -127,11 +129,21 @@ def _describe(c: Change) -> str:
     return text + (f" [LOOSER: {c.looser}]" if c.looser else "")
 
 
+def _rules_changed(old: dict, new: dict, cs: list[Change]) -> list[str]:
+    """A line per changed metric saying the gate it gets ("    graph_us gate: rel 5% + ... -> rel 3% + ...")."""
+    out = []
+    for name in sorted({c.metric for c in cs if c.metric and c.field not in ("added", "removed")}):
+        was, now = (fmt_rule(rule_of(e["metrics"][name])) for e in (old, new))
+        out.append(f"    {name} gate: {now}" if was == now else f"    {name} gate: {was} -> {now}")
+    return out
+
+
 def cmd_baselines_diff(args: argparse.Namespace) -> int:
     """Every field that changed between two baseline files or folders (either may be REV:PATH in git),
     entry by entry and metric by metric, with the changes that loosen the gate marked [LOOSER]; with
     --exit-code, exit 1 when there is one (moebench.baselines.diff says which changes loosen)."""
-    changes = diff(_entries(args.a), _entries(args.b))
+    before, after = _entries(args.a), _entries(args.b)
+    changes = diff(before, after)
     counts = {"added": 0, "removed": 0, "changed": 0, "unchanged": 0}
     for (hw, fam, key), cs in changes.items():
         where = f"{hw}/{fam} {key}"
@@ -143,6 +155,8 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
             print(f"- {where} [LOOSER: {cs[0].looser}]")
         elif cs:
             print(f"~ {where}: " + "; ".join(_describe(c) for c in cs))
+            for line in _rules_changed(before[hw, fam, key], after[hw, fam, key], cs):
+                print(line)
         counts[whole or ("changed" if cs else "unchanged")] += 1
     looser = loosening(changes)
     n = f"{len(looser)} change{'s' if len(looser) != 1 else ''}"
@@ -222,11 +236,17 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
                           if keep(k) and e.get("_verdict") not in (None, Verdict.PASS, Verdict.NEW, Verdict.STALE)]
         sizes[hw, fam] = (len(chosen), note)
     verb = "would promote" if args.dry_run else "promoted"
-    for m in merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run):
+    merges = merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run)
+    for m in merges:
         hw, fam = m.doc["hardware_key"], m.doc["family"]
         n, note = sizes[hw, fam]
-        print(f"{verb} {n} case{'s' if n != 1 else ''} ({note}) into {m.target}: "
+        some = f"{n - len(m.refused)} of " if m.refused else ""
+        print(f"{verb} {some}{n} case{'s' if n != 1 else ''} ({note}) into {m.target}: "
               f"{len(m.changes)} change{'s' if len(m.changes) != 1 else ''}")
         for line in m.changes + notes[hw, fam] + m.notes:
             print(line)
-    return EXIT_OK
+    refusals, refused = refusal_lines(merges)
+    for line in refusals:
+        print(line, file=sys.stderr)
+    # a promotion that left cases out did not do what was asked
+    return EXIT_FOUND if refused else EXIT_OK

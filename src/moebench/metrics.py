@@ -41,6 +41,11 @@ class Metric:
         recording ones.
     cliff: a host-bound metric (spread between machines over 10%, e.g. TTFT of a short eager prefill) that
         fails only on a cliff, a doubling (moebench.baselines.compare.CLIFF), whatever rel_tol says.
+    kind: what the number is bound by (moebench.kinds: device kernel time, GPU-bound decode, host-bound,
+        ...), declared by the family that measured it; None where it declares none (the gate then uses
+        the stored entry's, else the unknown kind's fallback spread).
+    gate_off: a baseline whose noise was too wide to gate (over schema.NOISE_MAX): stored so its value is
+        kept, compared always as AMBIGUOUS with that reason.
     """
 
     value: float
@@ -53,6 +58,8 @@ class Metric:
     samples: tuple[float, ...] = field(default=(), repr=False, compare=False)
     noise_machines: float | None = None
     cliff: bool = False
+    kind: str | None = None
+    gate_off: bool = False
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
@@ -70,20 +77,22 @@ class Metric:
 
     @classmethod
     def from_samples(
-        cls, samples: Iterable[float], unit: str, direction: Direction, *, rel_tol: float = 0.05, gated: bool = True
+        cls, samples: Iterable[float], unit: str, direction: Direction, *, rel_tol: float = 0.05, gated: bool = True,
+        kind: str | None = None,
     ) -> "Metric":
         """Median of the samples, with their robust relative spread as noise."""
         xs = tuple(float(x) for x in samples)
         if not xs:
             raise ValueError("no samples")
-        return cls(statistics.median(xs), unit, direction, relative_spread(xs), len(xs), rel_tol, gated, xs)
+        return cls(statistics.median(xs), unit, direction, relative_spread(xs), len(xs), rel_tol, gated, xs,
+                   kind=kind)
 
     def derived(self, value: float, unit: str, direction: Direction) -> "Metric":
         """An informational metric computed from this one (same n and noise, not gated)."""
         return replace(self, value=value, unit=unit, direction=direction, gated=False, samples=())
 
     def to_json(self) -> dict:
-        """The fields stored in baselines and results (no raw samples; noise_machines and the cliff gate
+        """The fields stored in baselines and results (no raw samples; noise_machines, kind and the gate
         only where set, so entries recorded before they existed keep their bytes)."""
         out = {
             "value": self.value,
@@ -95,6 +104,10 @@ class Metric:
         }
         if self.noise_machines is not None:
             out["noise_machines"] = round(self.noise_machines, 6)
-        if self.cliff:
+        if self.gate_off:
+            out["gate"] = "none"
+        elif self.cliff:
             out["gate"] = "cliff"
+        if self.kind is not None:
+            out["kind"] = self.kind
         return out

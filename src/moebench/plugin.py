@@ -15,10 +15,12 @@ from typing import Callable, Mapping
 import pytest
 
 from moebench import compat, hardware, interrupts, report, selection
+from moebench.selection import marker_names_in  # noqa: F401 (benchmarks and tests import it from here)
 from moebench.benchmark_tables import hide_benchmark_tables
 from moebench.baselines.compare import Outcome, Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
+from moebench.baselines.update import write_updates
 from moebench.family_tables import family_tables
 from moebench.metrics import Metric
 from moebench.report import failure_note
@@ -63,18 +65,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def _registered_markers(config: pytest.Config) -> set[str]:
     return {re.split(r"[:(]", line, maxsplit=1)[0].strip() for line in config.getini("markers")}
-
-
-def marker_names_in(expr: str) -> set[str]:
-    """Marker names an -m expression mentions (keyword arguments and quoted strings left out)."""
-    expr = re.sub(r"\"[^\"]*\"|'[^']*'", "", expr)
-    names = set()
-    for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", expr):
-        rest = expr[m.end():].lstrip()
-        if rest.startswith("=") and not rest.startswith("=="):
-            continue
-        names.add(m.group())
-    return names - {"and", "or", "not", "True", "False", "None"}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -362,13 +352,16 @@ def _write_baselines(session: pytest.Session, state: RunState, lines: list[str],
         # committed baselines. An update is all of the selected cases or nothing.
         lines.append("moebench: run interrupted: baselines NOT written")
         return
-    from moebench.baselines.update import write_updates
-
     try:
-        lines.extend(write_updates(state, propose_dir=session.config.getoption("baseline_propose")))
+        written, refused = write_updates(state, propose_dir=session.config.getoption("baseline_propose"))
     except (OSError, BaselineError) as e:
         lines.append(f"moebench: baselines NOT written: {e}")
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+        return
+    lines.extend(written)
+    if refused and session.exitstatus == pytest.ExitCode.OK:
+        # An update that left entries out fails: it exited 0 under "1 passed" with nothing written.
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -> None:

@@ -18,7 +18,9 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from moebench.baselines.compare import UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, display_rank
+from moebench.baselines.compare import NOISE_FACTOR, UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, display_rank
+from moebench.baselines.rules import GateRule
+from moebench.kinds import kind_of
 from moebench.changes import RECENT, ChangePoint
 from moebench.files import atomic_write_text
 from moebench.results import Row
@@ -71,8 +73,26 @@ def machine_phrase(c: Comparison) -> str:
         return ""
     if c.machine_spread is not None:
         return f"baseline from another machine of this kind (spread between machines {fmt_pct(100 * c.machine_spread)})"
+    assumed = c.assumed_spread if c.assumed_spread is not None else UNKNOWN_MACHINE_SPREAD
     return (f"baseline from another machine of this kind (spread between machines not recorded: "
-            f"{fmt_pct(100 * UNKNOWN_MACHINE_SPREAD, digits=0)} assumed)")
+            f"{_pct_short(assumed)} assumed for {kind_of(c.kind).words})")
+
+
+def _pct_short(x: float) -> str:
+    """A fraction as a percentage without a needless decimal: 0.02 -> "2%", 0.005 -> "0.5%"."""
+    return fmt_pct(100 * x, digits=0 if round(100 * x, 1) == round(100 * x) else 1)
+
+
+def fmt_rule(r: GateRule) -> str:
+    """The gate a stored metric gets, in words: "rel 3% + 2x noise(0.4%; machines 0.5%)", "cliff (fails at
+    2x)", "none (noise too wide)"; an assumed spread between machines names its kind."""
+    if r.gate == "none":
+        return "none (noise too wide)"
+    if r.gate == "cliff":
+        return "cliff (fails at 2x)"
+    between = (fmt_pct(100 * r.machine_spread) if r.measured_between
+               else f"{_pct_short(r.machine_spread)} assumed, {kind_of(r.kind).words}")
+    return f"rel {_pct_short(r.rel_tol)} + {NOISE_FACTOR:g}x noise({fmt_pct(100 * r.noise)}; machines {between})"
 
 
 def fmt_changes(changes: Iterable[tuple[str, str, str]]) -> str:

@@ -57,6 +57,7 @@ class Page:
     charts: list[tuple[str, str, str]]
     breakdown_md: str = ""
     breakdown_text: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # lines shown under the tally (ci/nightly.sh: the baselines not written)
 
 
 def _newest(runs: list[ResultsDoc]) -> list[ResultsDoc]:
@@ -112,6 +113,8 @@ def summary_line(runs: list[ResultsDoc], rows: list[IndexRow], changes: Sequence
 def index_markdown(page: Page) -> str:
     """The page as GitHub-flavoured markdown (links relative to the index)."""
     out = [f"# {page.title}", "", page.summary, ""]
+    if page.notes:
+        out += ["```", *page.notes, "```", ""]
     if page.changes is not None:
         out += [changes_markdown(page.changes, "##")]
     for section in dict.fromkeys(s for s, _, _ in page.charts):
@@ -142,6 +145,8 @@ def index_html(page: Page) -> str:
         "code{font-size:90%}.tally{font-size:120%;font-weight:bold}.worse{color:#d62728}.better{color:#1f77b4}</style>",
         "</head><body>", f"<h1>{e(page.title)}</h1>", f"<p class=\"tally\">{e(page.summary)}</p>",
     ]
+    if page.notes:
+        lines.append("<pre class=\"worse\">" + e("\n".join(page.notes)) + "</pre>")
     if page.changes is not None:
         lines.append("<h2>Change points over the history</h2>")
         ordered = sorted(sorted(page.changes, key=lambda c: c.after.started, reverse=True), key=lambda c: not c.failing)
@@ -181,9 +186,11 @@ def _charts(cases: list[CaseDoc], out: Path) -> list[tuple[str, str, str]]:
 
 def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None,
                  baselines: dict[str, BaselineSet] | None = None, case_filter=None,
-                 changes: list[ChangePoint] | None = None) -> tuple[list[IndexRow], list[Path]]:
+                 changes: list[ChangePoint] | None = None,
+                 notes: tuple[str, ...] = ()) -> tuple[list[IndexRow], list[Path]]:
     """Plot every case's trend into out/plots/ (with its change points) and the charts into out/charts/,
-    and write out/index.html and out/index.md. Returns the index rows and the files written."""
+    and write out/index.html and out/index.md, `notes` under the tally. Returns the index rows and the
+    files written."""
     require_matplotlib()
     out = Path(out)
     case_trends = [t for t in trends(runs, metric=metric, baselines=baselines) if case_filter is None or case_filter(t.key)]
@@ -201,7 +208,7 @@ def write_report(runs: list[ResultsDoc], out: Path, *, metric: str | None = None
     cases = [c for c in latest_cases(runs) if case_filter is None or case_filter(c.key)]
     latest = list(runs[-1].cases.values()) if runs else []
     page = Page(title, summary_line(runs, rows, changes), rows, changes, _charts(cases, out),
-                tables_markdown(family_tables(latest), "##"), tuple(tables_text(family_tables(latest))))
+                tables_markdown(family_tables(latest), "##"), tuple(tables_text(family_tables(latest))), tuple(notes))
     written = [out / t.png for t in case_trends] + [out / png for _, _, png in page.charts]
     for name, text in (("index.md", index_markdown(page)), ("index.html", index_html(page))):
         atomic_write_text(out / name, text)

@@ -12,7 +12,9 @@ The session builds a ResultsDoc (`RunState.results_doc()`) and the plugin writes
   `samples` (the primary metric's); `first_measurement` when a suspected regression was measured again
 - a metric: `Metric.to_json()` (`value`, `unit`, `direction`, `noise`, `n`, `rel_tol`) and `gated`; when
   the run compared it with a baseline also `verdict`, `baseline`, `delta_pct`, `noise_band`, `reason`,
-  `baseline_rel_tol`
+  `baseline_rel_tol`; compared on a machine that did not record the baseline, `other_machine`,
+  `machine_spread` (measured) or `assumed_machine_spread` with `compared_kind` (moebench.kinds); a metric's
+  `kind` and `gate` where set
 
 Older files load: a file without `results_version` is version 1, and a field a file does not have reads
 as its default. A newer version is refused. Every problem is a ResultsError whose message is one line
@@ -101,7 +103,8 @@ def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ..
     between = d.get("noise_machines")
     return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
                   float(d.get("rel_tol", 0.05)), gated, samples,
-                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff")
+                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff",
+                  kind=d.get("kind"), gate_off=d.get("gate") == "none")
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ class MetricDoc:
         if c is not None:
             d.update(verdict=c.verdict.value, baseline=c.baseline, delta_pct=c.delta_pct, noise_band=c.noise,
                      reason=c.reason, baseline_rel_tol=c.rel_tol)
+            if c.other_machine:  # which spread between machines the band holds: measured, or the kind's assumed
+                d.update(other_machine=True, machine_spread=c.machine_spread, assumed_machine_spread=c.assumed_spread,
+                         compared_kind=c.kind)
         return d
 
     @classmethod
@@ -153,8 +159,11 @@ class MetricDoc:
         verdict = Verdict(_outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
         baseline, rel_tol, noise = (_get(d, k, float, None, where, path)
                                     for k in ("baseline", "baseline_rel_tol", "noise_band"))
+        between, assumed = (_get(d, k, float, None, where, path) for k in ("machine_spread", "assumed_machine_spread"))
         return cls(metric, Comparison(verdict, metric.value, baseline, None, rel_tol, noise,
-                                      _get(d, "reason", str, "", where, path)))
+                                      _get(d, "reason", str, "", where, path),
+                                      _get(d, "other_machine", bool, False, where, path), between,
+                                      _get(d, "compared_kind", str, None, where, path), assumed))
 
 
 @dataclass

@@ -24,6 +24,18 @@ _LATE_USAGE_ERRORS = pytest.StashKey[list]()
 _POSITIONAL = re.compile(r"\b(gpus)\(\s*(\d+)\s*\)")
 
 
+def marker_names_in(expr: str) -> set[str]:
+    """Marker names an -m expression mentions (keyword arguments and quoted strings left out)."""
+    expr = re.sub(r"\"[^\"]*\"|'[^']*'", "", expr)
+    names = set()
+    for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", expr):
+        rest = expr[m.end():].lstrip()
+        if rest.startswith("=") and not rest.startswith("=="):
+            continue
+        names.add(m.group())
+    return names - {"and", "or", "not", "True", "False", "None"}
+
+
 def can_select(markexpr: str, family: str) -> bool:
     """Whether the -m expression can select a case of `family` (an empty expression selects all; one
     pytest cannot parse is left for pytest to report, and counts as selecting)."""

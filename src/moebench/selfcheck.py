@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from moebench.baselines.compare import Comparison, Verdict, compare_metric
+from moebench.kinds import timed_on
 from moebench.metrics import Metric, relative_spread
 from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
@@ -100,7 +101,8 @@ class CopyWork:
 
     def bandwidth_metric(self, samples: list[float], rel_tol: float) -> Metric:
         """GB/s counting read + write, higher is better."""
-        return Metric.from_samples([2 * self.nbytes / s / 1e9 for s in samples], "GB/s", "higher", rel_tol=rel_tol)
+        return Metric.from_samples([2 * self.nbytes / s / 1e9 for s in samples], "GB/s", "higher", rel_tol=rel_tol,
+                                   kind=timed_on(self.device))
 
 
 def interleaved(a: CopyWork, b: CopyWork, rule: StopRule, blocks: int = 3) -> tuple[list[float], list[float]]:

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from moebench.allreduce.transport import TRANSPORTS
+from moebench.kinds import DEVICE_COLLECTIVE, HOST_BOUND
 from moebench.timing import StopRule
 
 # --- axes -----------------------------------------------------------------------------------------
@@ -66,6 +67,14 @@ LATENCY_REL_TOL_GLOO = 0.50
 LATENCY_REL_TOL_DECODE = 0.50
 LATENCY_REL_TOL_DECODE_EAGER = 1.00
 LATENCY_REL_TOL_PREFILL = 0.15
+
+
+def latency_kind(case: "AllreduceCase") -> str:
+    """What a case's latency is bound by (moebench.kinds): gloo (CPU) and decode sizes are host-bound
+    (eager +10..+98%, graph mode -21..+38% between two H200 hosts, above); prefill sizes a device collective."""
+    if case.backend == "gloo" or case.nbytes <= DECODE_SIZE_BYTES:
+        return HOST_BOUND
+    return DEVICE_COLLECTIVE
 
 
 def latency_rel_tol(case: "AllreduceCase") -> float:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from moebench.allreduce.bandwidth import algbw_gbps, busbw_gbps
-from moebench.allreduce.cases import AllreduceCase, latency_rel_tol
+from moebench.allreduce.cases import AllreduceCase, latency_kind, latency_rel_tol
 from moebench.allreduce.launcher import Deadlines, GroupRun, port_taken, run_group
 from moebench.allreduce.protocol import Fault, GroupSpec
 from moebench.allreduce.requirements import ranks_topology, skip_reason, topo_matrix
@@ -50,7 +50,8 @@ class CaseOutcome:
     def metrics(self) -> dict[str, Metric]:
         """latency_us (gated: the slowest rank's samples), algbw / busbw (GB/s) and wrong_elements."""
         c = self.case
-        lat = Metric.from_samples(self.rank_samples_us[self.slowest_rank], "us", "lower", rel_tol=latency_rel_tol(c))
+        lat = Metric.from_samples(self.rank_samples_us[self.slowest_rank], "us", "lower", rel_tol=latency_rel_tol(c),
+                                  kind=latency_kind(c))
         seconds = lat.value * 1e-6
         return {
             "latency_us": lat,

@@ -9,6 +9,7 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
+from moebench.kinds import UNKNOWN, assumed_spread
 from moebench.metrics import Metric
 
 # "Outside the noise" means the change exceeds this many times the larger relative spread of the two
@@ -16,10 +17,12 @@ from moebench.metrics import Metric
 # samples rarely moves by more than one spread between clean runs of the same code.
 NOISE_FACTOR = 2.0
 # The spread between machines of one kind, assumed where a baseline was recorded on one machine only and
-# is compared on another: the same Kimi-K2.5 bf16 M = 128 case read 427-472 us on four H200s (+-5% around
-# their middle, 2026-12-01, tree 733d5c3; shared/reference-numbers.md). Recording on two machines
-# replaces it with the measured spread (the entry's noise_machines).
-UNKNOWN_MACHINE_SPREAD = 0.05
+# is compared on another, is the metric kind's (moebench.kinds: 2% for a device kernel time, 50% for a
+# host-bound number, ...); this one is for a metric whose kind neither side declares (an entry recorded
+# before kinds existed): the same Kimi-K2.5 bf16 M = 128 case read 427-472 us on four H200s (+-5% around
+# their middle, 2026-12-01, tree 733d5c3, the old timer). Recording on two machines replaces it with the
+# measured spread (the entry's noise_machines).
+UNKNOWN_MACHINE_SPREAD = assumed_spread(UNKNOWN)
 # A host-bound (cliff) metric fails only when it doubles: its spread between machines and engine
 # instances (TTFT of a 64-token eager prefill: 97 to 171 ms on three H200s) swallows any finer tolerance.
 CLIFF = 1.0
@@ -70,8 +73,10 @@ def display_rank(outcome: str) -> int:
 
 @dataclass(frozen=True)
 class Comparison:
-    """A metric's verdict with the numbers behind it. `worse` is the signed relative change, positive when
-    worse whatever the metric's direction (None when nothing was compared)."""
+    """A metric's verdict with the numbers behind it. `worse` is the slowdown as a ratio less one, positive
+    when worse whatever the metric's direction: measured / baseline - 1 for a time, baseline / measured - 1
+    for a rate, so a tolerance bounds the same slowdown either way (rel_tol 1.0: a time doubling, a rate
+    halving). None when nothing was compared."""
 
     verdict: Verdict
     value: float
@@ -81,9 +86,12 @@ class Comparison:
     noise: float | None = None
     reason: str = ""
     # Where the baseline's spread came from when the measurement is from a machine that did not record it:
-    # the spread between machines used (measured, or UNKNOWN_MACHINE_SPREAD when None and other_machine).
+    # the spread between machines measured (None: not measured, and then `assumed_spread`, the fallback of
+    # the metric's `kind`, was used).
     other_machine: bool = False
     machine_spread: float | None = None
+    kind: str | None = None
+    assumed_spread: float | None = None
 
     @property
     def delta_pct(self) -> float | None:
@@ -104,11 +112,12 @@ def compare_metric(
 ) -> Comparison:
     """Verdict for one metric.
 
-    REGRESSION needs both: worse than rel_tol (the baseline's, which a reviewer set; CLIFF for a host-bound
-    metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise of the two sides and,
-    on a machine that did not record the baseline (other_machine), the spread between machines (the
-    entry's noise_machines, else UNKNOWN_MACHINE_SPREAD). A throttled measurement is never PASS or
-    REGRESSION: AMBIGUOUS.
+    REGRESSION needs both: worse (see Comparison.worse) than rel_tol (the baseline's, which a reviewer set;
+    CLIFF for a host-bound metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise
+    of the two sides and, on a machine that did not record the baseline (other_machine), the spread
+    between machines (the entry's noise_machines, else the fallback of the metric's kind: the
+    measurement's declared kind, else the entry's; moebench.kinds). A throttled measurement, or a baseline
+    stored as not gating (gate_off: its noise was too wide), is never PASS or REGRESSION: AMBIGUOUS.
     """
     if env_mismatch:
         return Comparison(Verdict.ENV_MISMATCH, measured.value, baseline.value if baseline else None,
@@ -122,18 +131,23 @@ def compare_metric(
                           reason=f"direction changed ({baseline.direction} -> {measured.direction})")
     if baseline.value == 0:
         return Comparison(Verdict.STALE, measured.value, 0.0, reason="baseline value is 0")
-    change = (measured.value - baseline.value) / abs(baseline.value)
-    worse = change if measured.direction == "lower" else -change
+    worse = slowdown(measured.value, baseline.value, measured.direction)
     cliff = measured.cliff or baseline.cliff
     tol = CLIFF if cliff else baseline.rel_tol
     spread = max(measured.noise, baseline.noise)
-    between = None
+    kind = measured.kind or baseline.kind
+    between = assumed = None
     if other_machine:
         between = baseline.noise_machines
-        spread = max(spread, between if between is not None else UNKNOWN_MACHINE_SPREAD)
+        if between is None:
+            assumed = assumed_spread(kind)
+        spread = max(spread, between if between is not None else assumed)
     noise = NOISE_FACTOR * spread
     common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
-                  other_machine=other_machine, machine_spread=between)
+                  other_machine=other_machine, machine_spread=between, kind=kind, assumed_spread=assumed)
+    if baseline.gate_off:
+        return Comparison(Verdict.AMBIGUOUS, reason="baseline stored as not gating: its noise was too wide to gate "
+                                                    "(re-record with more runs or on a quieter machine)", **common)
     if throttled:
         return Comparison(Verdict.AMBIGUOUS, reason="clocks throttled during the measurement", **common)
     if worse > tol:
@@ -144,6 +158,17 @@ def compare_metric(
     if -worse > tol and -worse > noise:
         return Comparison(Verdict.IMPROVEMENT, reason="better than tolerance and outside noise", **common)
     return Comparison(Verdict.PASS, **common)
+
+
+def slowdown(value: float, baseline: float, direction: str) -> float:
+    """How much worse `value` is than `baseline`, as a ratio less one (positive: worse): value / baseline
+    - 1 for lower-is-better, baseline / value - 1 for higher-is-better (a rate at or below 0: infinitely
+    worse). A plain relative change cannot pass -100% for a rate, so rel_tol 1.0 let a -90% rate pass;
+    as a ratio, 1.0 fails a rate at half its baseline, as it fails a time at twice its baseline."""
+    # as differences over the divisor: (105 - 100) / 100 is exactly 0.05, 105 / 100 - 1 is not
+    if direction == "lower":
+        return (value - baseline) / baseline
+    return (baseline - value) / value if value > 0 else float("inf")
 
 
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,

@@ -4,7 +4,9 @@ Pure: entries in, Change records out; `moebench baselines diff` formats them. A 
 when it lets a slower measurement pass that passed no check before: an entry or a metric removed (its
 case or metric no longer gated), a wider tolerance (rel_tol up), a wider noise band (noise up: the gate
 reads a change inside NOISE_FACTOR x noise as AMBIGUOUS), a metric no longer gated, or a flipped
-direction (worse then reads better). A stored noise of 50 switched the gate off for a case, and the diff
+direction (worse then reads better); a gate set to "cliff" or "none", a wider or removed spread between
+machines, a kind whose assumed spread is wider, and a machine dropped from `machines` (it then gates
+with the spread between machines): each was once an edit that let a -90% regression pass unflagged. A stored noise of 50 switched the gate off for a case, and the diff
 of the time said "0 changed": every field is compared here, also ones this code does not know.
 """
 
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
+
+from moebench.baselines.rules import rule_of
 
 Key = tuple[str, str, str]  # (hardware key, family, case key)
 
@@ -33,16 +37,32 @@ class Change:
     looser: str = ""
 
 
-def _metric_looser(field: str, old: Any, new: Any) -> str:
-    """Why changing a stored metric's `field` from old to new loosens the gate, or ""."""
-    bigger = isinstance(old, (int, float)) and isinstance(new, (int, float)) and new > old
-    if field == "rel_tol" and bigger:
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """Why changing a stored metric's `field` (old and new: the whole metric) loosens the gate, or "". The
+    tolerance, gate, spread between machines and kind are judged by the rule they make (rules.rule_of),
+    so a field edit counts by what the gate then lets through, not by the number's size."""
+    o, n = old.get(field), new.get(field)
+    bigger = isinstance(o, (int, float)) and isinstance(n, (int, float)) and n > o
+    ro, rn = rule_of(old), rule_of(new)
+    if field == "rel_tol" and rn.rel_tol > ro.rel_tol:
         return "wider tolerance"
+    if field == "gate" and rn.rel_tol > ro.rel_tol:
+        return "not gated: always AMBIGUOUS" if rn.gate == "none" else "gated on a cliff only: fails at 2x"
     if field == "noise" and bigger:
         return "wider noise band"
+    if field in ("noise_machines", "kind") and rn.machine_spread > ro.machine_spread:
+        if field == "kind":
+            return f"kind {o} -> {n}: {_pct(rn.machine_spread)} between machines assumed (was {_pct(ro.machine_spread)})"
+        if n is None:
+            return f"spread between machines removed: {_pct(rn.machine_spread)} assumed (was {_pct(o)})"
+        return "wider spread between machines"
     if field == "direction":
         return "direction flipped: worse reads better"
-    if field == "gated" and old is not False and new is False:
+    if field == "gated" and o is not False and n is False:
         return "no longer gated"
     return ""
 
@@ -54,8 +74,19 @@ def metric_changes(key: Key, name: str, old: Mapping[str, Any] | None, new: Mapp
     if new is None:
         return [Change(key, name, "removed", dict(old), None, "metric no longer gated")]
     fields = sorted(set(old) | set(new), key=lambda f: (f != "value", f))
-    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old.get(f), new.get(f)))
+    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old, new))
             for f in fields if old.get(f) != new.get(f)]
+
+
+def _entry_looser(field: str, old: Any, new: Any) -> str:
+    """Why changing an entry's own `field` loosens the gate, or "": a machine no longer named as one that
+    recorded it gates with the spread between machines (the entry's, or its kind's assumed one)."""
+    if field == "machines":
+        gone = sorted(set(old or ()) - set(new or ()))
+        if gone:
+            return (f"{', '.join(gone)} no longer named as recording: the spread between machines applies there "
+                    "instead of the entry's noise")
+    return ""
 
 
 def entry_changes(key: Key, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
@@ -72,7 +103,7 @@ def entry_changes(key: Key, old: Mapping[str, Any] | None, new: Mapping[str, Any
         out.append(Change(key, None, "definition_hash", old.get("definition_hash"), new.get("definition_hash")))
     for f in sorted((set(old) | set(new)) - set(_ENTRY_SPECIAL)):
         if old.get(f) != new.get(f):
-            out.append(Change(key, None, f, old.get(f), new.get(f)))
+            out.append(Change(key, None, f, old.get(f), new.get(f), _entry_looser(f, old.get(f), new.get(f))))
     if out and old.get("provenance") != new.get("provenance"):
         out.append(Change(key, None, "provenance", old.get("provenance"), new.get("provenance")))
     return out

@@ -3,7 +3,7 @@
 A file `baselines/<hardware-key>/<family>.json`:
 
     {
-      "schema_version": 1,
+      "schema_version": 2,             # 1 is read too (see SCHEMA_VERSIONS)
       "hardware_key": "nvidia-h200-x1",
       "family": "gemm",
       "fingerprint": {...},            # the machine of the entries that name none of their own (below)
@@ -13,7 +13,7 @@ A file `baselines/<hardware-key>/<family>.json`:
         "<case key>": {
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
           "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
-                                 "noise_machines"?, "gate"?: "cliff"}},
+                                 "noise_machines"?, "gate"?: "cliff" | "none", "kind"?}},
           "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
           "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
           "independent_runs": 3,              # processes or engine instances its values are medians of
@@ -36,7 +36,16 @@ so its value is > 0; n >= 1; rel_tol and noise are bounded by what a measurement
 `noise` is the spread that applies on the recording machine(s): the larger of the spread inside a run
 and between its independent runs. `noise_machines` (only for entries recorded on two or more machines)
 is the spread between machines of the kind, which the gate uses on any other machine. Entries recorded
-before `machines` existed name none: every machine is "another machine" for them.
+before `machines` existed name none: every machine is "another machine" for them. `kind` (moebench.kinds)
+says what the number is bound by, and so which spread between machines the gate assumes where none was
+measured. `gate`: "cliff" (host-bound: fails only when it doubles; rel_tol then reads 1.0, what the gate
+applies) or "none" (its noise was too wide to gate: the value is kept and always compares AMBIGUOUS; only
+such a metric may store a noise over NOISE_MAX).
+
+Version 2 (this code) added `kind`, `gate: "none"`, a bound on noise_machines, and reads a rate's
+tolerance as a ratio (compare.slowdown). A version 1 file reads as version 2 (every version 1 file is a
+valid version 2 one); a file this code writes says 2, so an older moebench refuses it instead of
+misreading a "none" gate (needs_v2; a file with neither keeps saying 1 and its bytes).
 
 Validation reports every problem of a file at once: each on its own line naming the file and the dotted
 path of the entry and field; several problems come as one block under a line that counts them.
@@ -51,13 +60,15 @@ from typing import Any, Callable, Mapping
 
 from moebench.baselines.compare import NOISE_FACTOR
 from moebench.hardware import KEY_RULE, is_key
+from moebench.kinds import KINDS
 from moebench.metrics import DIRECTIONS, Metric
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)  # what this code reads
 FAMILIES = ("gemm", "allreduce", "decode", "selfcheck")
 PROVENANCE_KINDS = ("measured", "external")
 METRIC_FIELDS = ("value", "unit", "direction", "rel_tol", "noise", "n")  # required; OPTIONAL_METRIC_RULES may follow
-GATES = ("tolerance", "cliff")
+GATES = ("tolerance", "cliff", "none")
 
 
 class BaselineError(ValueError):
@@ -117,9 +128,15 @@ METRIC_RULES: dict[str, Rule] = {
     "noise": (lambda x: _is_number(x) and 0 <= x <= NOISE_MAX,
               f"must be a relative spread in [0, {NOISE_MAX:g}] (a wider one would hide a doubling)"),
     "n": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1, "must be an integer >= 1"),
-    "noise_machines": (lambda x: _is_number(x) and x >= 0, "must be a number >= 0"),
+    # bounded as noise is: a stored 50 made a -90% regression AMBIGUOUS on every other machine
+    "noise_machines": (lambda x: _is_number(x) and 0 <= x <= NOISE_MAX,
+                       f"must be a relative spread in [0, {NOISE_MAX:g}] (a wider one would hide a doubling)"),
     "gate": (lambda x: x in GATES, f"must be one of {GATES}"),
+    "kind": (lambda x: x in KINDS, f"must be one of {tuple(KINDS)} (moebench.kinds)"),
 }
+# A metric stored as not gating (gate "none") keeps the noise it measured, however wide: that is the
+# reason it does not gate, and it compares AMBIGUOUS whatever its band.
+_UNGATED_NOISE: Rule = (lambda x: _is_number(x) and x >= 0, "must be a number >= 0")
 
 
 def check_fields(m: Mapping[str, Any], rules: Mapping[str, Rule], path: str,
@@ -137,7 +154,8 @@ def _check_metric(p: _Problems, m: Any, path: str) -> bool:
     before = len(p.lines)
     for key in METRIC_FIELDS:
         p.need(key in m, f"{path}.{key}", "missing")
-    check_fields(m, METRIC_RULES, path, p.need)
+    rules = {**METRIC_RULES, "noise": _UNGATED_NOISE} if m.get("gate") == "none" else METRIC_RULES
+    check_fields(m, rules, path, p.need)
     return len(p.lines) == before
 
 
@@ -148,7 +166,8 @@ def validate_metric(m: Any, where: str, path: str) -> Metric:
     p.raise_if_any()
     between = m.get("noise_machines")
     return Metric(float(m["value"]), m["unit"], m["direction"], float(m["noise"]), m["n"], float(m["rel_tol"]),
-                  noise_machines=float(between) if between is not None else None, cliff=m.get("gate") == "cliff")
+                  noise_machines=float(between) if between is not None else None, cliff=m.get("gate") == "cliff",
+                  kind=m.get("kind"), gate_off=m.get("gate") == "none")
 
 
 def _check_provenance(p: _Problems, prov: Any, path: str) -> None:
@@ -210,6 +229,24 @@ def _check_entry(p: _Problems, entry: Any, path: str, machines: set[str]) -> Non
                f"must be an integer >= 1, got {runs!r}")
 
 
+def needs_v2(doc: Mapping[str, Any]) -> bool:
+    """Whether a document holds what version 1 cannot say (a metric's `kind`, a "none" gate): written,
+    it says version 2, so an older moebench refuses it instead of misreading it."""
+    return any("kind" in m or m.get("gate") == "none"
+               for e in doc.get("entries", {}).values() for m in (e.get("metrics") or {}).values()
+               if isinstance(m, dict))
+
+
+def entry_problems(entry: Any, where: str, key: str) -> list[str]:
+    """Every problem of one entry about to be written (its machine is checked when it is merged, so a
+    `fingerprint` it carries is left out here): one line each, naming `where` and the entry's key. The
+    writer refuses that entry alone and writes the others."""
+    p = _Problems(where)
+    body = {f: v for f, v in entry.items() if f != "fingerprint"} if isinstance(entry, dict) else entry
+    _check_entry(p, body, f"entries[{key!r}]", set())
+    return p.lines
+
+
 def parse_document(text: str, where: str) -> Any:
     """JSON text to a document, refusing a key named twice in one object: Python's json keeps the last
     silently, so a `"noise": 50.0` after the measured one used to switch the gate off unseen in review."""
@@ -238,8 +275,8 @@ def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, fami
     p.need("schema_version" in doc, "schema_version", "missing")
     p.raise_if_any()
     # type() check: `true == 1` and `1.0 == 1` in Python, and neither is a version this code wrote.
-    p.need(type(doc["schema_version"]) is int and doc["schema_version"] == SCHEMA_VERSION, "schema_version",
-           f"this moebench reads version {SCHEMA_VERSION}, got {doc['schema_version']!r}")
+    p.need(type(doc["schema_version"]) is int and doc["schema_version"] in SCHEMA_VERSIONS, "schema_version",
+           f"this moebench reads versions {', '.join(map(str, SCHEMA_VERSIONS))}, got {doc['schema_version']!r}")
     p.raise_if_any()
     key = doc.get("hardware_key")
     if p.need(isinstance(key, str), "hardware_key", "missing") and \

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, fingerprint_id, parse_document, validate_file,
-                                      validate_metric)
+from moebench.baselines.record import prepare_entry
+from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, entry_problems, fingerprint_id, needs_v2,
+                                      parse_document, validate_file, validate_metric)
 from moebench.hardware import KEY_RULE, is_key, machine_name
 from moebench.files import temporary_files
 from moebench.metrics import Metric
@@ -233,17 +234,27 @@ def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) ->
 
 
 def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint: dict, now: str,
-                  updates: Mapping[str, dict]) -> tuple[dict, list[str]]:
+                  updates: Mapping[str, dict], refused: dict[str, list[str]] | None = None) -> tuple[dict, list[str]]:
     """Return a new document with `updates` (case key -> entry) written over `doc`, and a list of
     human-readable change lines. Entries not in `updates` are kept as they are, and so is the header's
     `fingerprint` (see moebench.baselines.schema); each updated entry names the machine it was measured
     on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
-    proposal's). An updated metric keeps the rel_tol a reviewer stored for it; a stored metric the
-    update does not measure is dropped, and said so."""
+    proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a
+    noise too wide to gate, the tolerance rule; a reviewer's stored rel_tol kept); a stored metric the
+    update does not measure is dropped, and said so. With `refused` (the writers' way), an entry the schema
+    refuses is left out, the others merged, and its problems go there (case key -> lines); without it
+    nothing is checked here (the caller validates the document).
+    A version 1 document says SCHEMA_VERSION once it holds what version 1 cannot say (schema.V2_FIELDS)."""
     out = json.loads(json.dumps(doc)) if doc else new_document(hardware_key, family, {}, now)
     changes: list[str] = []
     for key, entry in sorted(updates.items()):
-        entry = _with_machine(out, json.loads(json.dumps(entry)), fingerprint)
+        entry, notes = prepare_entry(key, json.loads(json.dumps(entry)), out["entries"].get(key))
+        problems = entry_problems(entry, f"{hardware_key}/{family}.json", key) if refused is not None else []
+        if problems:
+            refused[key] = problems
+            continue
+        changes.extend(notes)
+        entry = _with_machine(out, entry, fingerprint)
         old = out["entries"].get(key)
         if old is not None:
             now_on = out.get("fingerprints", {}).get(entry.get("fingerprint", ""), {})
@@ -253,6 +264,8 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
             changes.append(f"  + {key} ({summary})")
         out["entries"][key] = entry
     _keep_named_fingerprints(out)
+    if needs_v2(out):
+        out["schema_version"] = SCHEMA_VERSION
     out["updated"] = now
     return out, changes
 
@@ -280,13 +293,11 @@ def _keep_named_fingerprints(doc: dict) -> None:
 
 
 def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[str]:
-    """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`), whose
-    metrics take the stored rel_tol."""
+    """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`, its
+    rel_tols already chosen by record.prepare_entry)."""
     changes: list[str] = []
     stored = old.get("metrics", {})
     for name, m in sorted(entry["metrics"].items()):
-        if name in stored:
-            m["rel_tol"] = stored[name]["rel_tol"]
         before = stored.get(name, {}).get("value")
         if before is None:
             changes.append(f"  + {key} {name}: {fmt_value(m['value'], m['unit'])}")

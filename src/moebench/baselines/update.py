@@ -15,14 +15,26 @@ from moebench.hardware import now_iso
 @dataclass
 class Merge:
     """One baseline file's merge: where it goes, the merged document, its change lines, whether the
-    target is new (or a proposal), which is written even without a change, and notes for the reader that
-    change nothing (a looser tolerance kept, a killed writer's leftovers removed)."""
+    target is new (or a proposal), which is written even without a change, notes for the reader that
+    change nothing (a looser tolerance kept, a killed writer's leftovers removed), and the entries the
+    schema refused (case key -> its problems), which were left out while the others were written."""
 
     target: Path
     doc: dict
     changes: list[str]
     new: bool
     notes: list[str] = field(default_factory=list)
+    refused: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def written(self) -> bool:
+        """Whether this merge writes its file (a change, or a new file that holds an entry)."""
+        return bool(self.changes) or (self.new and bool(self.doc["entries"]))
+
+
+# What a refused entry's line tells the reader to do.
+ADVICE_REFUSED = ("fix what the line names, or measure again (more runs: `moebench aa --runs 3`; a quieter "
+                  "machine), then update again")
 
 
 def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, source_root: Path | None = None,
@@ -32,10 +44,25 @@ def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, sourc
 
     Every target file (<root>/<key>/<family>.json) is locked and its source (the same path under
     source_root, default root) re-read before merging: another run may have updated it since, and its
-    entries are kept. All files are merged and validated before the first is written, so a bad merge
-    writes none; each write is atomic; with write=False nothing is written (a dry run)."""
+    entries are kept. An entry the schema refuses is left out of its file and listed in the Merge's
+    `refused`; the good entries are written. All files are merged and validated before the first is
+    written, so a bad merge (a header, not an entry) writes none; each write is atomic; with write=False
+    nothing is written (a dry run). A folder made for a file that was then not written is removed again."""
     now = now_iso()
     plans: list[Merge] = []
+    folders = {family_path(root, hw, fam).parent for hw, fam, *_ in updates} | {Path(root)}
+    made = sorted((f for f in folders if not f.exists()), key=lambda f: -len(f.parts))  # inner ones first
+    try:
+        _merge_locked(updates, root, source_root, write, proposal, now, plans)
+    finally:
+        for folder in made:  # what `locked` made for a file that was not written: an empty folder misleads
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+    return plans
+
+
+def _merge_locked(updates, root: Path, source_root: Path | None, write: bool, proposal: bool, now: str,
+                  plans: list[Merge]) -> None:
     with contextlib.ExitStack() as locks:
         # Sorted: two runs lock their common files in one order, so neither waits for the other in a circle.
         for hw, family, fingerprint, entries in sorted(updates, key=lambda u: (u[0], u[1])):
@@ -45,30 +72,53 @@ def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, sourc
             notes = locks.enter_context(locked(target)) if write else []
             current = load_file(source, hardware_key=hw, family=family) if source.exists() else None
             notes = notes + looser_tolerances_kept(current, entries)
-            doc, changes = merge_entries(current, hw, family, fingerprint, now, entries)
+            refused: dict[str, list[str]] = {}
+            doc, changes = merge_entries(current, hw, family, fingerprint, now, entries, refused)
             validate_file(doc, str(target), hardware_key=hw, family=family)
-            plans.append(Merge(target, doc, changes, current is None or proposal, notes))
+            plans.append(Merge(target, doc, changes, current is None or proposal, notes, refused))
         for m in plans:
-            if write and (m.changes or m.new):
+            if write and m.written:
                 atomic_write_text(m.target, dumps(m.doc))
-    return plans
 
 
-def write_updates(state, *, propose_dir: str | None = None) -> list[str]:
+def write_updates(state, *, propose_dir: str | None = None) -> tuple[list[str], list[str]]:
     """Merge the run's measured cases into this hardware's baseline files (or into copies under
-    propose_dir) and return the change lines to print. Entries the run did not measure keep their bytes
-    (see merge_files)."""
+    propose_dir); returns (the lines to print, the case keys refused). Entries the run did not measure
+    keep their bytes (see merge_files); a refused entry leaves the others written, and its lines say so."""
     updates = [(state.hardware_key, family, state.fingerprint, entries)
                for family, entries in state.entries_by_family().items()]
     merges = merge_files(updates, root=Path(propose_dir) if propose_dir else state.baseline_dir,
                          source_root=state.baseline_dir, proposal=bool(propose_dir))
+    return merge_lines(merges, "proposed" if propose_dir else "updated")
+
+
+def merge_lines(merges: list[Merge], verb: str) -> tuple[list[str], list[str]]:
+    """(the lines that report merges, the case keys refused): per file what changed and its notes, then
+    the refused entries (refusal_lines)."""
     lines: list[str] = []
     for m in merges:
-        if not m.changes and not m.new:
-            lines.append(f"moebench: {m.target}: no change")
+        if not m.written:
+            lines.append(f"moebench: {m.target}: {'no change' if not m.refused else 'NOT written (nothing to write)'}")
         else:
-            verb = "proposed" if propose_dir else "updated"
             lines.append(f"moebench: {verb} {m.target} ({len(m.changes)} change{'s' if len(m.changes) != 1 else ''})")
             lines.extend(m.changes)
         lines.extend(m.notes)
-    return lines
+    refused, keys = refusal_lines(merges)
+    return lines + refused, keys
+
+
+def refusal_lines(merges: list[Merge]) -> tuple[list[str], list[str]]:
+    """(a line per refused entry naming its case key and first problem, its other problems indented, and a
+    closing line saying what to do; the refused case keys). No lines when none was refused."""
+    lines: list[str] = []
+    refused: list[str] = []
+    for m in merges:
+        for key, problems in sorted(m.refused.items()):
+            refused.append(key)
+            lines.append(f"moebench: {key}: baseline NOT written: {problems[0]}"
+                         + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+            lines.extend(f"  {p}" for p in problems[1:])
+    if refused:
+        lines.append(f"moebench: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} NOT written "
+                     f"({', '.join(refused)}): {ADVICE_REFUSED}")
+    return lines, refused

@@ -168,5 +168,6 @@ def combine_instances(per_instance: list[Mapping[str, Metric]]) -> dict[str, Met
         out[name] = Metric(statistics.median(vals), first.unit, first.direction,
                            noise=max([between] + [m.noise for m in ms]), n=sum(m.n for m in ms),
                            rel_tol=first.rel_tol, gated=first.gated and len(ms) == len(per_instance),
-                           samples=tuple(x for m in ms for x in m.samples), cliff=first.cliff)
+                           samples=tuple(x for m in ms for x in m.samples), cliff=first.cliff,
+                           kind=first.kind)
     return out

@@ -23,12 +23,22 @@ from moebench.decode.breakdown import Breakdown, breakdown, breakdown_metrics, c
 from moebench.decode.categories import LABELS
 from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError
-from moebench.decode.scenarios import DecodeCase
+from moebench.decode.scenarios import DecodeCase, Scenario
 from moebench.decode.server import ServerEngine, free_port
 from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
 from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
+from moebench.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
 from moebench.metrics import Metric
+
+
+def metric_kind(s: Scenario, name: str) -> str:
+    """What a gated decode metric is bound by (moebench.kinds), declared here, where the scenario is
+    known: on a CPU, and for a scenario that gates it on a cliff (the tiny and 8-layer host-overhead
+    detectors, TTFT), host-bound; else step categories are device kernel time and steady ms/token GPU-bound."""
+    if s.device == "cpu" or name in s.cliff_metrics or name == "ttft_ms":
+        return HOST_BOUND
+    return DEVICE_KERNEL if name.startswith("step_") else GPU_DECODE
 
 
 def vllm_build() -> tuple[str, str] | None:
@@ -261,6 +271,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         if run.breakdown is not None:
             metrics.update(breakdown_metrics(run.breakdown, metrics["ms_per_token"].value, s.gate_categories,
                                              s.rel_tol_category, dict(s.rel_tol_categories)))
+        metrics.update({n: replace(m, kind=metric_kind(s, n)) for n, m in metrics.items() if m.gated})
         return run, metrics
 
     def measure() -> dict[str, Metric]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from moebench.method import cpu_timer_method, gpu_timer_method
+from moebench.kinds import DEVICE_KERNEL, HOST_BOUND
 from moebench.metrics import Metric
 from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
@@ -74,7 +75,7 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None, rule: StopRule |
     info: dict = {}
     if wl.device == "cpu":
         t = Metric.from_samples([s * 1e6 for s in cpu_timer(built.calls, rule or CPU_RULE)], "us", "lower",
-                                rel_tol=built.rel_tol or 0.15)
+                                rel_tol=built.rel_tol or 0.15, kind=HOST_BOUND)
         metrics = {"wall_us": t}
         info["l2"] = "CPU: wall clock, rotated inputs"
     else:
@@ -83,7 +84,7 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None, rule: StopRule |
                       f"({wl.union_experts_touched() * wl.weight_bytes_per_expert() / 1e6:.0f} MB) vs L2 "
                       f"{(l2_bytes or 0) / 1e6:.0f} MB" + ("; L2 flushed before every call" if flush else ""))
         t = Metric.from_samples([s * 1e6 for s in graph_timer(built.calls, rule or GPU_RULE, flush_l2=flush)], "us",
-                                "lower", rel_tol=built.rel_tol or 0.05)
+                                "lower", rel_tol=built.rel_tol or 0.05, kind=DEVICE_KERNEL)
         # Eager time is host launch overhead (Python + driver) as much as GPU work, and on the lent
         # H200s it moved -45%..+75% between two runs of the same code while each run's own spread
         # read 1-3%: a gate on it would cry wolf. It is reported (and compared by `moebench compare`
@@ -92,7 +93,8 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None, rule: StopRule |
         metrics = {"graph_us": t}
         if eager:
             metrics["eager_us"] = Metric.from_samples([s * 1e6 for s in eager_timer(built.calls, rule or GPU_RULE)],
-                                                      "us", "lower", rel_tol=0.10, gated=False)
+                                                      "us", "lower", rel_tol=0.10, gated=False,
+                                                      kind=HOST_BOUND)
     nbytes, flops = wl.bytes_per_call(), wl.flops_per_call()
     floor_us = nbytes / ceiling * 1e6
     sec = t.value * 1e-6

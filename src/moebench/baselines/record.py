@@ -1,0 +1,72 @@
+"""What an entry says when it is recorded: the gate it gets, stated in the entry itself.
+
+`--baseline-update`, `--baseline-propose` and `moebench baselines promote` all write through
+store.merge_entries, which prepares each entry here first, so that a stored metric reads as the gate
+applies it:
+
+- a cliff metric (a decode scenario's `cliff_metrics`) stores `gate: "cliff"` and rel_tol 1.0 (CLIFF),
+  what the gate applies (committed TTFT entries read rel_tol 0.6 while the gate applied a doubling);
+- a metric whose noise is too wide to gate (over NOISE_MAX: a loaded 2-core box read 0.55-1.3) stores
+  `gate: "none"`: its value is kept and it always compares AMBIGUOUS, and a line says how to gate it
+  (the schema refused such an entry, and with it every other entry of its file);
+- a device kernel time whose measured spread between machines is within 1% gates at 3% (kinds.ruled_rel_tol);
+- a stored rel_tol wider than the case's own is a reviewer's and is kept (and said, by
+  store.looser_tolerances_kept); one at most the case's own is kept when tighter than the rule's.
+
+Pure: dicts in, dicts and lines out.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from moebench.baselines.compare import CLIFF
+from moebench.baselines.schema import NOISE_MAX
+from moebench.kinds import ruled_rel_tol
+
+ADVICE_WIDE = ("to gate it, record again with more independent runs (`moebench aa --runs 3 --promote DIR -- ...`) "
+               "on a quieter machine")
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def choose_rel_tol(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> float:
+    """The rel_tol a recorded metric stores: CLIFF for a cliff; else the rule's (kinds.ruled_rel_tol) over
+    the case's own, a stored one kept when it is wider than the case's own (a reviewer's) or tighter."""
+    if new.get("gate") == "cliff":
+        return CLIFF
+    own = float(new["rel_tol"])
+    ruled = ruled_rel_tol(new.get("kind"), own, new.get("noise_machines"))
+    if not stored or stored.get("gate") in ("cliff", "none") or "rel_tol" not in stored:
+        return ruled
+    kept = float(stored["rel_tol"])
+    return kept if kept > own else min(kept, ruled)
+
+
+def prepare_entry(key: str, entry: dict, stored: Mapping[str, Any] | None) -> tuple[dict, list[str]]:
+    """The entry as it is written over `stored` (the entry there now, or None), and a line for each rule
+    applied that the value changes do not show (a metric stored as not gating, a tolerance set by a rule)."""
+    out = copy.deepcopy(entry)
+    lines: list[str] = []
+    old = (stored or {}).get("metrics") or {}
+    for name, m in sorted(out.get("metrics", {}).items()):
+        if not isinstance(m, dict):
+            continue  # refused by the schema's check, with the field named
+        noise = m.get("noise")
+        if isinstance(noise, (int, float)) and noise > NOISE_MAX and m.get("gate") != "none":
+            m["gate"] = "none"
+            lines.append(f"  ! {key} {name}: noise {_pct(noise)} is wider than {_pct(NOISE_MAX)} (a doubling would hide "
+                         f"in it): stored as not gating, it always compares AMBIGUOUS; {ADVICE_WIDE}")
+        if m.get("gate") == "none" or not isinstance(m.get("rel_tol"), (int, float)):
+            continue
+        before = m["rel_tol"]
+        m["rel_tol"] = choose_rel_tol(m, old.get(name))
+        stored_tol = (old.get(name) or {}).get("rel_tol")
+        if m["rel_tol"] < before and m["rel_tol"] != stored_tol and m.get("gate") != "cliff":
+            lines.append(f"  ~ {key} {name}: rel_tol {_pct(stored_tol if stored_tol is not None else before)} -> "
+                         f"{_pct(m['rel_tol'])} (spread between machines {_pct(m['noise_machines'])}: a kernel time "
+                         "within 1% gates at 3%)")
+    return out, lines

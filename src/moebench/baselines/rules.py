@@ -1,0 +1,53 @@
+"""The gate a stored metric gets, as numbers: what `baselines show` and `baselines diff` print for each
+metric, and what the diff compares to tell a looser gate from a tighter one.
+
+compare.compare_metric applies these rules to a measurement; here they are read from the stored metric
+alone (the entry's own `gate`, `rel_tol`, `noise`, `noise_machines` and `kind`), as a reviewer sees it.
+Pure: a stored metric's dict in, a GateRule out; the report layer words it (report.fmt_rule).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from moebench.baselines.compare import CLIFF, NOISE_FACTOR
+from moebench.kinds import assumed_spread
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """gate: "tolerance", "cliff" (fails at 2x) or "none" (never gates: always AMBIGUOUS); rel_tol: the
+    tolerance the gate applies (CLIFF for a cliff, inf for none); noise: the spread on a recording
+    machine; machine_spread: the spread between machines used on any other machine, measured
+    (noise_machines) or assumed for the metric's kind (moebench.kinds)."""
+
+    gate: str
+    rel_tol: float
+    noise: float
+    machine_spread: float
+    measured_between: bool
+    kind: str | None
+
+    def lets_through(self, other_machine: bool) -> float:
+        """The largest slowdown (compare.slowdown) that does not fail: the tolerance or the noise band,
+        whichever is wider (a change inside either is PASS or AMBIGUOUS)."""
+        if self.gate == "none":
+            return math.inf
+        spread = max(self.noise, self.machine_spread) if other_machine else self.noise
+        return max(self.rel_tol, NOISE_FACTOR * spread)
+
+
+def _number(x: Any, default: float) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
+
+
+def rule_of(m: Mapping[str, Any]) -> GateRule:
+    """The rule a stored metric gets from its own fields (a field missing reads as the gate's default)."""
+    gate = m.get("gate") if m.get("gate") in ("cliff", "none") else "tolerance"
+    tol = {"cliff": CLIFF, "none": math.inf}.get(gate, _number(m.get("rel_tol"), 0.0))
+    between = m.get("noise_machines")
+    measured = isinstance(between, (int, float)) and not isinstance(between, bool)
+    spread = float(between) if measured else assumed_spread(m.get("kind"))
+    return GateRule(gate, tol, _number(m.get("noise"), 0.0), spread, measured, m.get("kind"))

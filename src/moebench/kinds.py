@@ -1,0 +1,83 @@
+"""Metric kinds: what a gated number is bound by, and the spread between machines the gate assumes for
+it where that spread was never measured.
+
+A family declares the kind of each gated metric when it measures it (Metric.kind, stored with the
+baseline as `kind`), from what it knows of the measurement (the timer it used, the device it ran on),
+never from the metric's name. The kinds differ by orders of magnitude between machines of one kind of
+hardware, so one fallback for all of them is either too wide for kernels or too tight for the host:
+
+- device kernel time (gemm graph_us, selfcheck device timings, decode step_* category ms): a third
+  H200 that recorded none of the entries read every gemm case within -1.9..+1.6% of its entry (median
+  |delta| 0.25%), and the decode step categories within 0.1%; processes on one H200 agree within 0.7%.
+  2% covers the widest of those reads. (The 427-472 us of four H200s, 10%, was the old timer, which did
+  not warm the device first; the timer that replaced it read the same cases within 2%.)
+- GPU-bound steady decode (ms/token of a full-depth rank): engine instances and machines within ~3%
+  (6.79-6.94 ms/token over three H200s, two instances 2.1% apart).
+- host-bound (eager launches, TTFT of a short eager prefill, NCCL allreduce at decode sizes, anything
+  timed by a CPU's wall clock): TTFT read 84-171 ms on H200s running the same ms/token, eager allreduce
+  moved +10..+98% between two hosts, a tiny engine's ms/token up to 74% between instances. Only a cliff
+  is visible there: 50%, whose noise band (2x) is a doubling, compare.CLIFF.
+- device collective (NCCL allreduce at prefill sizes): moved +6..+11% between runs on two H200s; never
+  recorded on two machines of one kind, so 5%, the fallback every metric had before kinds existed.
+- unknown (an entry recorded before kinds existed, whose measurement declares none either): 5%, as
+  before, so an old entry gates as it did.
+
+Pure data and arithmetic: no imports from the rest of moebench (the gate reads it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A metric kind: its words for a verdict line, and the spread between machines assumed for it."""
+
+    name: str
+    words: str
+    machine_spread: float
+
+
+DEVICE_KERNEL = "device_kernel"
+GPU_DECODE = "gpu_decode"
+HOST_BOUND = "host_bound"
+DEVICE_COLLECTIVE = "device_collective"
+UNKNOWN = "unknown"
+
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Kind(DEVICE_KERNEL, "device kernel time", 0.02),
+    Kind(GPU_DECODE, "GPU-bound decode", 0.03),
+    Kind(HOST_BOUND, "host-bound", 0.50),
+    Kind(DEVICE_COLLECTIVE, "device collective", 0.05),
+    Kind(UNKNOWN, "a metric of no recorded kind", 0.05),
+)}
+
+# The tolerance rule from a measured spread between machines: a kernel time whose machines agree within
+# 1% gates at 3% (twice the spread stays inside the tolerance, and a 4% slowdown is caught anywhere).
+TIGHT_SPREAD = 0.01
+TIGHT_REL_TOL = 0.03
+
+
+def timed_on(device: str) -> str:
+    """The kind of a time taken on `device`: a device timing on a GPU, a CPU's wall clock (host-bound,
+    moving with the box's load) on a CPU."""
+    return HOST_BOUND if device == "cpu" else DEVICE_KERNEL
+
+
+def kind_of(name: str | None) -> Kind:
+    """The Kind named `name` (UNKNOWN for None or a name this table does not have)."""
+    return KINDS.get(name or UNKNOWN, KINDS[UNKNOWN])
+
+
+def assumed_spread(kind: str | None) -> float:
+    """The spread between machines the gate assumes for a metric of `kind` whose entry measured none."""
+    return kind_of(kind).machine_spread
+
+
+def ruled_rel_tol(kind: str | None, rel_tol: float, noise_machines: float | None) -> float:
+    """The tolerance the rule gives a metric from its measured spread between machines: TIGHT_REL_TOL for a
+    device kernel time whose machines agree within TIGHT_SPREAD (never wider than `rel_tol`), else rel_tol."""
+    if kind == DEVICE_KERNEL and noise_machines is not None and noise_machines <= TIGHT_SPREAD:
+        return min(rel_tol, TIGHT_REL_TOL)
+    return rel_tol
