@@ -84,6 +84,9 @@ class Comparison:
     # the spread between machines used (measured, or UNKNOWN_MACHINE_SPREAD when None and other_machine).
     other_machine: bool = False
     machine_spread: float | None = None
+    # Set when the measurement ran on another GPU of the recording box than the one(s) that recorded it
+    # (their indices, "2"): gated as another machine, since GPUs of one kind differ as machines do.
+    other_gpu: str = ""
 
     @property
     def delta_pct(self) -> float | None:
@@ -101,15 +104,18 @@ def compare_metric(
     env_mismatch: bool = False,
     throttled: bool = False,
     other_machine: bool = False,
+    other_gpu: str = "",
 ) -> Comparison:
     """Verdict for one metric.
 
     REGRESSION needs both: worse than rel_tol (the baseline's, which a reviewer set; CLIFF for a host-bound
     metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise of the two sides and,
     on a machine that did not record the baseline (other_machine), the spread between machines (the
-    entry's noise_machines, else UNKNOWN_MACHINE_SPREAD). A throttled measurement is never PASS or
-    REGRESSION: AMBIGUOUS.
+    entry's noise_machines, else UNKNOWN_MACHINE_SPREAD); a case run on another GPU of the recording
+    box than the one that recorded it (other_gpu: that GPU's index) counts as another machine. A
+    throttled measurement is never PASS or REGRESSION: AMBIGUOUS.
     """
+    other_machine = other_machine or bool(other_gpu)
     if env_mismatch:
         return Comparison(Verdict.ENV_MISMATCH, measured.value, baseline.value if baseline else None,
                           reason="baseline recorded on other hardware: not compared")
@@ -133,7 +139,7 @@ def compare_metric(
         spread = max(spread, between if between is not None else UNKNOWN_MACHINE_SPREAD)
     noise = NOISE_FACTOR * spread
     common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
-                  other_machine=other_machine, machine_spread=between)
+                  other_machine=other_machine, machine_spread=between, other_gpu=other_gpu)
     if throttled:
         return Comparison(Verdict.AMBIGUOUS, reason="clocks throttled during the measurement", **common)
     if worse > tol:
@@ -148,7 +154,7 @@ def compare_metric(
 
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
                  env_mismatch: bool = False, throttled: bool = False,
-                 other_machine: bool = False) -> dict[str, Comparison]:
+                 other_machine: bool = False, other_gpu: str = "") -> dict[str, Comparison]:
     """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all). The
     one comparison loop: the in-run gate and `moebench compare` both call it, so they cannot disagree."""
     out: dict[str, Comparison] = {}
@@ -160,7 +166,7 @@ def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | 
             out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
             continue
         out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled,
-                                   other_machine=other_machine)
+                                   other_machine=other_machine, other_gpu=other_gpu)
     return out
 
 
