@@ -110,3 +110,33 @@ def test_bad_input_is_one_usage_line_naming_the_option(project, args, line):
     hits = [x for x in r.outlines + r.errlines if line in x]
     assert hits, r.stdout.str() + r.stderr.str()
     assert "Traceback" not in r.stdout.str() + r.stderr.str()
+
+
+def test_aa_per_gpu_runs_a_case_on_every_gpu_and_prints_the_spread_between_them(project, monkeypatch, capsys):
+    from moebench import hardware
+    from moebench.cli import main
+    from xdist_project import CONFTEST
+
+    ns: dict = {}
+    exec(CONFTEST.replace("if os.environ.get", "if False and os.environ.get"), ns)
+    monkeypatch.setattr(hardware, "_nvml", lambda: ns["FakeNvml"](4))
+    monkeypatch.setenv("MOEBENCH_FAKE_GPUS", "4")  # for the runs' own processes (the project's conftest)
+    monkeypatch.chdir(project.path)
+    hardware.fingerprint.cache_clear()
+    project.control["gpu_factor"] = {"3": 1.1}  # GPU 3 is 10% slower
+    (project.path / "control.json").write_text(json.dumps(project.control))
+    try:
+        rc = main(["aa", "--per-gpu", "--out", "aa", "--", "-p", "moebench.plugin", "-p", "no:xdist", "-q",
+                   "--baseline-dir", str(project.baselines), "test_cases.py", "-k", "c00"])
+    finally:
+        hardware.fingerprint.cache_clear()
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    head = next(line for line in out.splitlines() if line.startswith("case"))
+    assert head.split()[2:6] == ["GPU", "0", "GPU", "1"] and "GPU 3" in head
+    row = next(line for line in out.splitlines() if line.startswith("fake[c00]"))
+    assert row.split()[2:10] == ["100", "us", "100", "us", "100", "us", "110", "us"] and "5.0%" in row
+    assert "1 cases over 4 GPUs; median spread between GPUs 5.0%" in out
+    for i in range(4):
+        doc = project.results(project.path / "aa" / f"gpu-{i}.json")
+        assert doc["hardware_key"] == "nvidia-h200-x4" and doc["cases"][0]["gpu"]["index"] == i
