@@ -21,7 +21,7 @@ from pathlib import Path
 
 DEFAULT_FILE = Path(__file__).resolve().parent / "matrix.toml"
 EVENTS = ("schedule", "workflow_dispatch", "pull_request")
-FIELDS = ("name", "markers", "runs_on", "timeout_minutes", "gpus", "events")
+FIELDS = ("name", "markers", "runs_on", "timeout_minutes", "gpus", "events", "workers")
 
 
 class MatrixError(ValueError):
@@ -51,6 +51,7 @@ def load(path: Path = DEFAULT_FILE) -> list[dict]:
         where = f"{path}: job[{i}]" + (f" ({job['name']})" if isinstance(job.get("name"), str) else "")
         unknown = sorted(set(job) - set(FIELDS))
         _check(not unknown, where, f"unknown field(s) {', '.join(unknown)} (known: {', '.join(FIELDS)})")
+        job.setdefault("workers", 0)  # optional: one pytest process unless a job asks for -n
         for f in FIELDS:
             _check(f in job, f"{where}.{f}", "missing (and no default)")
         _check(isinstance(job["name"], str) and re.fullmatch(r"[a-z0-9][a-z0-9_-]*", job["name"]) is not None,
@@ -63,6 +64,9 @@ def load(path: Path = DEFAULT_FILE) -> list[dict]:
         for f in ("timeout_minutes", "gpus"):
             _check(isinstance(job[f], int) and not isinstance(job[f], bool) and job[f] >= (1 if f == "timeout_minutes" else 0),
                    f"{where}.{f}", f"must be an integer >= {1 if f == 'timeout_minutes' else 0}, got {job[f]!r}")
+        w = job["workers"]
+        _check(w == "auto" or (isinstance(w, int) and not isinstance(w, bool) and w >= 0), f"{where}.workers",
+               f"must be \"auto\" (one pytest-xdist worker per GPU) or an integer >= 0 (0: one process), got {w!r}")
         _check(isinstance(job["events"], list) and all(e in EVENTS for e in job["events"]), f"{where}.events",
                f"must be a list of {', '.join(EVENTS)}, got {job['events']!r}")
         jobs.append(job)
@@ -108,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             for j in jobs:
                 print(f"{j['name']:<10} {j['timeout_minutes']:>4} min  {j['gpus']} GPU  "
+                      + (f"-n {j['workers']}  " if j["workers"] else "") +
                       f"[{', '.join(j['runs_on'])}]  on {', '.join(j['events']) or '(CPU mode only)'}:  -m {j['markers']!r}")
     except MatrixError as e:
         print(f"ci/matrix.py: error: {e}", file=sys.stderr)

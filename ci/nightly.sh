@@ -5,8 +5,10 @@
 #
 #   --cpu / --gpu        CPU mode (GPUs hidden, the matrix's `cpu` job) or GPU mode; default: GPU mode
 #                        when nvidia-smi lists a GPU, else CPU mode
-#   --job NAME           a job of ci/matrix.toml: its markers, timeout and GPU count (default: `cpu` in
-#                        CPU mode, `smoke` in GPU mode)
+#   --job NAME           a job of ci/matrix.toml: its markers, timeout, GPU count and workers (default: `cpu`
+#                        in CPU mode, `smoke` in GPU mode)
+#   --workers N|auto     pytest -n (pytest-xdist): one worker per GPU, each case on a fixed GPU (default:
+#                        the job's `workers`; 0 = one process)
 #   --markers EXPR       the -m expression (overrides the job's)
 #   --out DIR            output folder (default: $MOEBENCH_OUT/<job>-<UTC time>-<random>, a new folder
 #                        per run; MOEBENCH_OUT defaults to out)
@@ -41,7 +43,7 @@ export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moeb
 
 die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
 
-mode=auto job="" markers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
+mode=auto job="" markers="" workers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
 acknowledged=ci/acknowledged-changes.toml
 record=0 plots=1
 while [ $# -gt 0 ]; do
@@ -50,6 +52,7 @@ while [ $# -gt 0 ]; do
     --gpu) mode=gpu ;;
     --job) job="${2:?--job needs a name}"; shift ;;
     --markers) markers="${2:?--markers needs an expression}"; shift ;;
+    --workers) workers="${2:?--workers needs a number or auto}"; shift ;;
     --out) out="${2:?--out needs a folder}"; shift ;;
     --baseline-dir) baseline_dir="${2:?--baseline-dir needs a folder}"; shift ;;
     --storage) storage="${2:?--storage needs a URI}"; shift ;;
@@ -77,6 +80,8 @@ matrix() { "$py" ci/matrix.py --job "$job" --field "$1"; }
 case "$timeout_min" in ''|*[!0-9]*) die "--timeout-minutes '$timeout_min': not a whole number of minutes" ;; esac
 [ "$timeout_min" -ge 1 ] || die "--timeout-minutes $timeout_min: must be at least 1 (there is no 'no limit')"
 gpus=$(matrix gpus 2>/dev/null || echo 0)
+[ -n "$workers" ] || workers=$(matrix workers 2>/dev/null || echo 0)
+case "$workers" in auto|[0-9]|[0-9][0-9]) ;; *) die "--workers '$workers': a number of workers or auto" ;; esac
 [ -n "$strict" ] || strict=$([ "$mode" = gpu ] && echo 1 || echo 0)
 [ "$record" = 1 ] && strict=0  # a record writes NEW entries: strict would refuse what it is there to write
 
@@ -111,6 +116,10 @@ args=(-m "$markers" -v -rA --baseline-dir "$baseline_dir"
       --benchmark-storage "$storage" --benchmark-save "$job")
 if [ "$record" = 1 ]; then args+=(--baseline-update); else args+=(--baseline-propose "$out/proposed-baselines"); fi
 [ "$strict" = 1 ] && args+=(--baseline-strict)
+if [ "$workers" != 0 ]; then
+  # One worker per GPU, each case always on the same GPU; without pytest-xdist, one process as before.
+  if "$py" -c 'import xdist' 2>/dev/null; then args+=(-n "$workers"); else echo "== pytest-xdist is not installed: one process (no -n $workers)"; fi
+fi
 # Leave a fifth of the limit (at most 5 minutes) for the report; SIGINT lets pytest write what it has.
 limit_s=$((timeout_min * 60)); reserve=$((limit_s / 5 < 300 ? limit_s / 5 : 300))
 echo "== $py -m pytest benchmarks/ ${args[*]} ${extra[*]}"

@@ -9,12 +9,17 @@ run, the spread between the runs (half the range over the median: what a baselin
 as its noise) and the verdicts the runs read. A run that read REGRESSION or IMPROVEMENT on unchanged code
 is a false alarm: the exit code is 1 when any run was flagged, 0 otherwise, 2 on bad input.
 
+--per-gpu runs the selection once on each GPU of the box, one process after the other, each seeing only
+its GPU (CUDA_VISIBLE_DEVICES) while its hardware key and machine id stay the box's (hardware.BOX_ENV,
+as an -n worker's do): the table's columns are the GPUs and its spread the spread between them.
+
 --promote DIR stores the runs as baselines (`moebench baselines promote` of every run file: the median,
 with the spread between the runs): how a user's own runner records the entries it will gate against.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
+from moebench import hardware
 from moebench.baselines.combine import half_range
 from moebench.baselines.compare import Verdict
 from moebench.results import ResultsDoc, read_json
@@ -76,6 +82,27 @@ def repeat(pytest_args: Sequence[str], out: Path, runs: int, *, budget_s: float 
             say(f"moebench aa: run {i} wrote no results (pytest exit {rc}); stopping")
             break
         say(f"moebench aa: run {i} done (pytest exit {rc}, {time.monotonic() - start:.0f} s so far)")
+        done.append(path)
+    return done
+
+
+def per_gpu(pytest_args: Sequence[str], out: Path, *, say: Callable[[str], None] = print,
+            runner=subprocess.run) -> list[Path]:
+    """Run the selection once on each GPU of the box, one process at a time (so no run disturbs another),
+    each seeing only its GPU; return the results files written, gpu-<index>.json."""
+    out.mkdir(parents=True, exist_ok=True)
+    box = hardware.box_visible_env()
+    done: list[Path] = []
+    for gpu in hardware.fingerprint().get("gpus") or []:
+        path = out / f"gpu-{gpu['index']}.json"
+        env = {**os.environ, hardware.BOX_ENV: box if box is not None else hardware.ALL,
+               "CUDA_VISIBLE_DEVICES": str(gpu["index"]), "CUDA_DEVICE_ORDER": os.environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID")}
+        cmd = run_command(pytest_args, path)
+        say(f"moebench aa: GPU {gpu['index']} ({gpu.get('uuid')}): {' '.join(cmd[1:])}")
+        rc = runner(cmd, env=env).returncode
+        if not path.is_file():
+            say(f"moebench aa: the run on GPU {gpu['index']} wrote no results (pytest exit {rc}); stopping")
+            break
         done.append(path)
     return done
 

@@ -308,6 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     aa.add_argument("--out", required=True, metavar="DIR", help="where the runs' results files go")
     aa.add_argument("--promote", metavar="DIR", help="store the combined runs into this baseline root")
     aa.add_argument("--budget-s", type=float, metavar="S", help="start no run that would end past S seconds")
+    aa.add_argument("--per-gpu", action="store_true",
+                    help="one run on each GPU of the box instead of --runs (each process sees one GPU, keeps the box's "
+                         "hardware key): the spread between GPUs, 'is GPU 5 slower than GPU 0?'")
     aa.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS",
                     help="what each run passes to pytest (default: benchmarks/)")
     aa.set_defaults(func=cli_aa.cmd_aa)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from moebench import aa, cli_baselines
+from moebench import aa, cli_baselines, hardware
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError
 from moebench.report import fmt_pct, fmt_value, table
 
@@ -19,17 +19,25 @@ def cmd_aa(args: argparse.Namespace) -> int:
         raise CliError(f"--runs {args.runs}: must be at least 1")
     if args.budget_s is not None and args.budget_s <= 0:
         raise CliError(f"--budget-s {args.budget_s}: must be a number of seconds > 0")
-    files = aa.repeat(pytest_args, Path(args.out), args.runs, budget_s=args.budget_s)
+    per_gpu = getattr(args, "per_gpu", False)
+    if per_gpu:
+        if not hardware.fingerprint().get("gpus"):
+            raise CliError("--per-gpu: NVML sees no GPU on this machine")
+        files = aa.per_gpu(pytest_args, Path(args.out))
+    else:
+        files = aa.repeat(pytest_args, Path(args.out), args.runs, budget_s=args.budget_s)
     if not files:
         raise CliError(f"{args.out}: no run wrote results")
     rows = aa.spreads(aa.load_runs(files))
     body = [[r.key, r.metric, *(fmt_value(v, r.unit) if v is not None else "-" for v in r.values),
              fmt_pct(100 * r.spread), " ".join(v or "-" for v in r.verdicts), "FLAGGED" if r.flagged else ""]
             for r in rows]
-    heads = ["case", "metric", *(f"run {i}" for i in range(1, len(files) + 1)), "spread", "verdicts", ""]
+    columns = [f"GPU {f.stem.removeprefix('gpu-')}" for f in files] if per_gpu else [f"run {i}" for i in range(1, len(files) + 1)]
+    heads = ["case", "metric", *columns, "spread", "verdicts", ""]
     print(table(heads, body, right=tuple(range(2, 3 + len(files)))))
     flagged, median = aa.summary(rows)
-    print(f"moebench aa: {len(rows)} cases over {len(files)} runs; median spread between runs {fmt_pct(median)}; "
+    between = "GPUs" if per_gpu else "runs"
+    print(f"moebench aa: {len(rows)} cases over {len(files)} {between}; median spread between {between} {fmt_pct(median)}; "
           f"{flagged} case{'s' if flagged != 1 else ''} read REGRESSION or IMPROVEMENT in some run")
     if args.promote:
         cli_baselines.cmd_baselines_promote(argparse.Namespace(source=[str(f) for f in files], case=None, all=True,

@@ -3,6 +3,11 @@
 Nothing here initializes CUDA (NVML is a separate library), so it is safe at import and collection
 time and in the parent of spawned ranks. GPUs are the ones CUDA_VISIBLE_DEVICES leaves visible: the
 suite measures what the processes it starts can use.
+
+A process that runs on one GPU of a larger box (an `-n` worker, `moebench aa --per-gpu`) keeps the box's
+own list in MOEBENCH_BOX_CUDA_VISIBLE_DEVICES (BOX_ENV) and its one GPU in CUDA_VISIBLE_DEVICES: the
+fingerprint, hardware key and machine id stay the box's (NVML sees every GPU anyway), own_gpu() names the
+GPU its single-GPU cases run on, and the clock monitor samples the GPUs the process itself uses.
 """
 
 from __future__ import annotations
@@ -49,9 +54,24 @@ def _nvml():
     return pynvml
 
 
-def _visible_indices(count: int) -> list[int]:
-    """NVML indices that CUDA_VISIBLE_DEVICES leaves visible (integers only; UUID lists map by UUID)."""
-    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+# The box's CUDA_VISIBLE_DEVICES where this process was narrowed to one of its GPUs; ALL: it was unset.
+BOX_ENV = "MOEBENCH_BOX_CUDA_VISIBLE_DEVICES"
+ALL = "all"
+
+
+def box_visible_env() -> str | None:
+    """The CUDA_VISIBLE_DEVICES of the box this process measures for (None: unset, every GPU)."""
+    box = os.environ.get(BOX_ENV)
+    if box is None:
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+    return None if box == ALL else box
+
+
+def _visible_indices(count: int, env: str | None | bool = False) -> list[int]:
+    """NVML indices that CUDA_VISIBLE_DEVICES (or `env` in its place: None for unset) leaves visible
+    (integers only; UUID lists map by UUID)."""
+    if env is False:
+        env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
         return list(range(count))
     items = [x.strip() for x in env.split(",") if x.strip()]
@@ -190,7 +210,7 @@ def fingerprint() -> dict[str, Any]:
         fp["machine_id"] = machine_id(fp)
         return fp
     count = _try(pynvml.nvmlDeviceGetCount, default=0) or 0
-    indices = _visible_indices(count)
+    indices = _visible_indices(count, box_visible_env())
     fp["driver"] = _try(pynvml.nvmlSystemGetDriverVersion)
     cuda = _try(pynvml.nvmlSystemGetCudaDriverVersion)
     fp["cuda_driver"] = f"{cuda // 1000}.{cuda % 1000 // 10}" if cuda else None
@@ -341,8 +361,20 @@ def clock_monitor(period_s: float = 0.05) -> Iterator[ClockReport]:
         sample()
 
 
+def own_gpu() -> dict[str, Any] | None:
+    """The GPU this process's single-GPU cases run on (cuda:0: the first GPU its CUDA_VISIBLE_DEVICES
+    leaves it), as {index, uuid, name} of the box's fingerprint; None on a machine without GPUs."""
+    gpus = fingerprint().get("gpus") or []
+    pynvml = _nvml()
+    if not gpus or pynvml is None:
+        return None
+    mine = _visible_indices(_try(pynvml.nvmlDeviceGetCount, default=0) or 0)
+    g = next((g for g in gpus if mine and g["index"] == mine[0]), None)
+    return {"index": g["index"], "uuid": g.get("uuid"), "name": g.get("name")} if g else None
+
+
 def visible_gpu_count() -> int:
-    """GPUs this process can use, from NVML and CUDA_VISIBLE_DEVICES (no CUDA init)."""
+    """GPUs of the box this process measures for, from NVML and CUDA_VISIBLE_DEVICES (no CUDA init)."""
     return len(fingerprint().get("gpus") or [])
 
 

@@ -14,16 +14,17 @@ from typing import Callable, Mapping
 
 import pytest
 
-from moebench import compat, hardware, interrupts, report, selection
+from moebench import compat, hardware, interrupts, report, selection, xdist_glue
 from moebench.selection import marker_names_in  # noqa: F401 (benchmarks and tests import it from here)
 from moebench.benchmark_tables import hide_benchmark_tables
-from moebench.baselines.compare import Outcome, Verdict
+from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.baselines.update import write_updates
+from moebench.case_gpus import case_gpu, gpus_needed
 from moebench.family_tables import family_tables
 from moebench.metrics import Metric
-from moebench.report import failure_note
+from moebench.outcomes import TestOutcomes
 from moebench.results import Row
 from moebench.session import CaseResult, RunState
 from moebench.unmeasured import StrictCoverage
@@ -35,8 +36,10 @@ _FULL_DESELECTED = pytest.StashKey[int]()  # `full` cases left out of the defaul
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     g = parser.getgroup("moebench", "moebench: baselines and verdicts")
+    # Now, not in pytest_configure: xdist asks `-n auto` of its hook before configuring (its options with it).
+    pluginmanager.register(xdist_glue, "moebench-xdist")
     g.addoption("--baseline-dir", default="baselines", metavar="DIR",
                 help="root of the baseline files, <DIR>/<hardware-key>/<family>.json (default: baselines)")
     g.addoption("--baseline-update", action="store_true",
@@ -152,7 +155,8 @@ def _configure(config: pytest.Config) -> None:
                                    update=update, baselines=baselines, key_forced=forced is not None)
     config.stash[_UPDATE_LINES] = []
     config.stash[_WARNINGS] = warnings
-    config.pluginmanager.register(_TestOutcomes(config.stash[STATE]), "moebench-outcomes")
+    config.pluginmanager.register(TestOutcomes(config.stash[STATE]), "moebench-outcomes")
+    xdist_glue.register_merge(config, config.stash[STATE])  # an -n controller: the workers' cases come here
     if strict and not update:  # stored entries the run selected but did not measure fail it
         config.pluginmanager.register(StrictCoverage(config.stash[STATE]), "moebench-strict-coverage")
 
@@ -191,13 +195,7 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    need = 0
-    if item.get_closest_marker("gpu"):
-        need = 1
-    m = item.get_closest_marker("gpus")
-    if m is not None:
-        # gpus(2) or gpus(n=2): the keyword form used to be ignored, so the case needed only one GPU.
-        need = max(need, int(m.args[0]) if m.args else int(m.kwargs.get("n", 1)))
+    need = gpus_needed(item)
     if need:
         have = hardware.visible_gpu_count()
         if have < need:
@@ -254,7 +252,8 @@ class CaseRecorder:
         result = state.record(nodeid=self._request.node.nodeid, key=key, family=family, definition=definition,
                               measure=measure, info=info, primary=primary, group=group, doubt=doubt,
                               progress=self.progress, explain=explain, recorded=recorded,
-                              independent_runs=independent_runs)
+                              independent_runs=independent_runs, gpu=case_gpu(self._request.node))
+        xdist_glue.ship(self._request.config, self._request.node, case=result.doc(), ceilings=state.ceilings)
         self._feed_benchmark(result, group)
         line = state.failure_line(result)
         if line is not None:
@@ -269,8 +268,10 @@ class CaseRecorder:
         others = other_hardware_entries(self._state.baseline_dir, self._state.hardware_key, family, key)
         for hw, entry in sorted(others.items()):
             name, m = next(iter(sorted(entry.metrics.items())))
-            self._state.add_row(Row(self._request.node.nodeid, key, Verdict.ENV_MISMATCH.value, name, None, m.unit,
-                                    m.value, None, f"baseline for {hw}: {reason}"))
+            row = Row(self._request.node.nodeid, key, Verdict.ENV_MISMATCH.value, name, None, m.unit, m.value, None,
+                      f"baseline for {hw}: {reason}")
+            self._state.add_row(row)
+            xdist_glue.ship(self._request.config, self._request.node, row=row)
         pytest.skip(reason)
 
     def _feed_benchmark(self, result: CaseResult, group: str | None) -> None:
@@ -303,33 +304,10 @@ def moebench(request: pytest.FixtureRequest, benchmark) -> CaseRecorder:
     return CaseRecorder(request, benchmark)
 
 
-class _TestOutcomes:
-    """Rows for tests that end without a measurement, so nothing is dropped from the table silently."""
-
-    def __init__(self, state: RunState) -> None:
-        self.state = state
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        state = self.state
-        if report.skipped and report.when in ("setup", "call"):
-            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            if not any(r.nodeid == report.nodeid for r in state.rows):
-                state.add_row(Row(report.nodeid, "", Outcome.SKIP.value, note=reason.removeprefix("Skipped: ")))
-        elif report.failed and not (report.when == "call" and self._gate_failed(report.nodeid)):
-            # As pytest counts them: a failure in the test itself is FAIL, one in its setup or teardown
-            # (a fixture, the environment) is ERROR.
-            state.add_row(Row(report.nodeid, "", (Outcome.FAIL if report.when == "call" else Outcome.ERROR).value,
-                              note=failure_note(report)))
-
-    def _gate_failed(self, nodeid: str) -> bool:
-        # The gate failed this test itself (REGRESSION, or NEW/STALE when strict): its row already says why.
-        return any(r.nodeid == nodeid and self.state.failure_line(r) is not None for r in self.state.results)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     state = config.stash.get(STATE, None)
-    if state is None:
+    if state is None or xdist_glue.is_worker(config):  # an -n worker: the controller writes the run's files
         return
     lines = config.stash[_UPDATE_LINES]
     # Ctrl-C is held while files are written (a few small files, under locks held for moments), so that
@@ -372,7 +350,7 @@ def _write_reports(session: pytest.Session, state: RunState, lines: list[str]) -
             lines.append(f"moebench: results written to {config.getoption('results_json')}")
         # Written even with no rows ("no cases"): a CI step that publishes the file must find it.
         if state.rows or config.getoption("summary_md"):
-            extra = report.tables_markdown(family_tables(r.doc() for r in state.results))
+            extra = report.tables_markdown(family_tables(state.docs()))
             for path in report.write_markdown(state.rows, config.getoption("summary_md"), f"moebench on {state.hardware_key}",
                                               extra):
                 lines.append(f"moebench: summary written to {path}")
@@ -392,7 +370,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.section(f"moebench verdicts on {state.hardware_key}")
         terminalreporter.write_line(report.text_table(state.rows))
         terminalreporter.write_line(report.tally(r.verdict for r in state.rows))
-    for text in report.tables_text(family_tables(r.doc() for r in state.results)):
+    for text in report.tables_text(family_tables(state.docs())):
         terminalreporter.write_line("\n" + text)
     for line in config.stash.get(_UPDATE_LINES, []):
         terminalreporter.write_line(line)

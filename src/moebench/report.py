@@ -71,6 +71,11 @@ def machine_phrase(c: Comparison) -> str:
     """What a verdict says when the baseline came from another machine of the kind ("" otherwise)."""
     if not c.other_machine:
         return ""
+    if c.other_gpu:  # the box that recorded it, another of its GPUs: gated as another machine
+        where = f"baseline from GPU {c.other_gpu} of this machine, gated as another machine"
+        spread = (f"spread between machines {fmt_pct(100 * c.machine_spread)}" if c.machine_spread is not None else
+                  f"spread between machines not recorded: {fmt_pct(100 * UNKNOWN_MACHINE_SPREAD, digits=0)} assumed")
+        return f"{where} ({spread})"
     if c.machine_spread is not None:
         return f"baseline from another machine of this kind (spread between machines {fmt_pct(100 * c.machine_spread)})"
     assumed = c.assumed_spread if c.assumed_spread is not None else UNKNOWN_MACHINE_SPREAD

@@ -9,6 +9,8 @@ The session builds a ResultsDoc (`RunState.results_doc()`) and the plugin writes
   without a measurement: skips, failures, errors)
 - a case: `key`, `family`, `nodeid`, `verdict`, `definition`, `definition_hash`, `primary`, `metrics`
   (MetricDoc), `clocks`, `throttled`, `info`, `note`, `group`; `explanation` and `recorded` when set;
+  `gpu` ({index, uuid, name}: the GPU a single-GPU case ran on) and `wall_s` (the test's setup, call and
+  teardown time) when known;
   `samples` (the primary metric's); `first_measurement` when a suspected regression was measured again
 - a metric: `Metric.to_json()` (`value`, `unit`, `direction`, `noise`, `n`, `rel_tol`) and `gated`; when
   the run compared it with a baseline also `verdict`, `baseline`, `delta_pct`, `noise_band`, `reason`,
@@ -187,6 +189,8 @@ class CaseDoc:
     recorded: dict = field(default_factory=dict)  # what ran (decode: the engine's backends)
     first_measurement: dict[str, Metric] | None = None  # the measurement a suspected regression replaced
     independent_runs: int = 1  # engine instances (decode --decode-instances) its values are medians of
+    gpu: dict | None = None  # {index, uuid, name}: the one GPU it ran on (None: no GPU, or all of the box's)
+    wall_s: float | None = None  # the test's wall time, setup to teardown (what a night of cases adds up to)
 
     @property
     def backend(self) -> str | None:
@@ -210,6 +214,10 @@ class CaseDoc:
             out["first_measurement"] = {n: m.to_json() for n, m in self.first_measurement.items()}
         if self.independent_runs != 1:
             out["independent_runs"] = self.independent_runs
+        if self.gpu:
+            out["gpu"] = self.gpu
+        if self.wall_s is not None:
+            out["wall_s"] = round(self.wall_s, 3)
         return out
 
     @classmethod
@@ -237,7 +245,8 @@ class CaseDoc:
                    _get(c, "nodeid", str, "", where, path), _get(c, "definition", dict, {}, where, path),
                    _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
                    _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first,
-                   _positive(_get(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"))
+                   _positive(_get(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"),
+                   _get(c, "gpu", dict, None, where, path), _get(c, "wall_s", float, None, where, path))
 
     def row(self) -> Row:
         """The case's line in the closing table, summary.md and the report's index (one function, so their
@@ -252,9 +261,9 @@ class CaseDoc:
                    "; ".join(x for x in (self.explanation, self.note) if x) or (c.reason if c else ""))
 
     def baseline_entry(self, provenance: dict, machine: str = "unknown") -> dict | None:
-        """The case as a baseline entry (gated metrics only, with `provenance`, the machine that measured
-        it and how many independent runs its values are medians of), None when it has no gated metric:
-        what --baseline-update and `moebench baselines promote` store."""
+        """The case as a baseline entry (gated metrics only, with `provenance`, the machine and GPU that
+        measured it and how many independent runs its values are medians of), None when it has no gated
+        metric: what --baseline-update and `moebench baselines promote` store."""
         metrics = {n: m.metric.to_json() for n, m in self.metrics.items() if m.gated}
         if not metrics:
             return None
@@ -262,6 +271,8 @@ class CaseDoc:
                  "machines": [machine], "independent_runs": self.independent_runs}
         if self.recorded:
             entry["recorded"] = self.recorded
+        if self.gpu and self.gpu.get("uuid"):
+            entry["gpus"] = [{"index": self.gpu.get("index"), "uuid": self.gpu["uuid"]}]
         return entry
 
 

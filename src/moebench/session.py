@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -45,6 +45,7 @@ class CaseResult:
     explanation: str = ""  # what moved (decode: the category that grew most) and what ran differently
     recorded: dict = field(default_factory=dict)  # what ran, stored with a baseline (decode: the engine's backends)
     independent_runs: int = 1  # engine instances its values are medians of (decode --decode-instances)
+    gpu: dict | None = None  # the one GPU it ran on (hardware.own_gpu); None: no GPU, or all of the box's
 
     def doc(self) -> CaseDoc:
         """The case as the results document holds it."""
@@ -53,7 +54,7 @@ class CaseResult:
                        self.info, self.group, self.definition_hash, self.measurement.throttled, self.nodeid,
                        self.definition, self.measurement.clocks, self.note, self.explanation, self.recorded,
                        self.remeasured_from.metrics if self.remeasured_from is not None else None,
-                       self.independent_runs)
+                       self.independent_runs, self.gpu)
 
 
 class RunState:
@@ -69,7 +70,9 @@ class RunState:
         self.baselines = baselines
         self.key_forced = key_forced
         self.results: list[CaseResult] = []
+        self.merged: list[CaseDoc] = []  # cases that -n workers measured (moebench.xdist_merge), in report order
         self.rows: list[Row] = []
+        self.durations: dict[str, float] = {}  # nodeid -> seconds of its setup, call and teardown
         self.started = hardware.now_iso()
         self._ceilings: dict[str, float] = {}
 
@@ -80,10 +83,13 @@ class RunState:
             return True, ""
         return hardware.same_hardware(self.baselines.fingerprint(family, key), self.fingerprint)
 
-    def compare(self, family: str, key: str, def_hash: str, m: Measurement) -> tuple[dict[str, Comparison], Verdict, str]:
+    def compare(self, family: str, key: str, def_hash: str, m: Measurement,
+                gpu: dict | None = None) -> tuple[dict[str, Comparison], Verdict, str]:
         """Compare every gated metric of a measurement with the stored entry: with the spread on the
-        recording machine when this is one of the machines that recorded it, else with the spread between
-        machines of the kind. A CPU other than the recording one is named (host-bound numbers follow it)."""
+        recording machine when this is one of the machines that recorded it (and `gpu`, the GPU the case
+        ran on, one of the GPUs that did), else with the spread between machines of the kind. A CPU other
+        than the recording one is named (host-bound numbers follow it), and so is a GPU other than the
+        recording one, whatever the verdict."""
         same, why = self.env_mismatch(family, key)
         entry = self.baselines.entry(family, key)
         notes = []
@@ -96,11 +102,14 @@ class RunState:
         else:
             notes.append(hardware.cpu_change(self.baselines.fingerprint(family, key), self.fingerprint))
         other = bool(entry) and not entry.measured_on(self.fingerprint.get("machine_id", "unknown"))
+        moved = entry.other_gpu(gpu) if entry and same and not other else ""
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
-                             throttled=m.throttled, other_machine=other)
+                             throttled=m.throttled, other_machine=other, other_gpu=moved)
         verdict = case_verdict(comps)
-        if verdict not in (Verdict.PASS, Verdict.NEW):  # where the spread it was judged against came from
+        if moved:  # said on every row: a moved case's PASS was judged against the wider spread
+            notes.append(f"ran on GPU {gpu['index']}, baseline from GPU {moved}: gated as another machine")
+        elif verdict not in (Verdict.PASS, Verdict.NEW):  # where the spread it was judged against came from
             notes.append(next((machine_phrase(c) for c in comps.values() if c.verdict is verdict and c.other_machine), ""))
         return comps, verdict, "; ".join(n for n in notes if n)
 
@@ -108,13 +117,15 @@ class RunState:
                info: dict | None = None, primary: str | None = None, group: str | None = None,
                doubt: str = "", progress: Callable[[str], None] = lambda s: None,
                explain: Callable[[Mapping[str, Comparison], Mapping[str, Metric]], str] | None = None,
-               recorded: Callable[[], dict] | None = None, independent_runs: int = 1) -> CaseResult:
+               recorded: Callable[[], dict] | None = None, independent_runs: int = 1,
+               gpu: dict | None = None) -> CaseResult:
         """Measure, compare, re-measure once on a suspected regression, and keep the result. A `doubt`
         (why this machine cannot vouch for the measurement) makes a PASS or NEW case AMBIGUOUS, noted.
         `explain` (comparisons, metrics) -> a phrase saying what moved, shown with a verdict other than
         PASS/NEW; `recorded()` -> what ran (read after measuring), stored with a baseline and compared with
         the stored one whatever the verdict. independent_runs: how many separate engine instances or
-        processes measure() combined (its values are their medians)."""
+        processes measure() combined (its values are their medians); gpu: the one GPU the case runs on
+        (hardware.own_gpu; None for a case on all of the box's GPUs or on none)."""
         if family not in FAMILIES:
             # Checked before measuring: an unknown family used to be measured and, under
             # --baseline-update, written to <family>.json, which the schema then refused on every
@@ -122,13 +133,13 @@ class RunState:
             raise ValueError(f"{key}: family must be one of {FAMILIES}, got {family!r}")
         def_hash = provenance.definition_hash(definition)
         first = self._measure(measure)
-        comps, verdict, note = self.compare(family, key, def_hash, first)
+        comps, verdict, note = self.compare(family, key, def_hash, first, gpu)
         remeasured_from = None
         if verdict is Verdict.REGRESSION:
             progress(f"{key}: suspected regression, measuring once more")
             remeasured_from = first
             second = self._measure(measure)
-            comps, verdict, note = self.compare(family, key, def_hash, second)
+            comps, verdict, note = self.compare(family, key, def_hash, second, gpu)
             first = second
         if doubt and SEVERITY[verdict] < SEVERITY[Verdict.AMBIGUOUS]:
             verdict, note = Verdict.AMBIGUOUS, doubt
@@ -140,7 +151,7 @@ class RunState:
                fmt_changes(recorded_changes(entry.recorded, ran)) if entry else ""]
         result = CaseResult(key, family, nodeid, definition, def_hash, first, comps, verdict, dict(info or {}),
                             primary, remeasured_from, note, group, "; ".join(w for w in why if w), ran,
-                            independent_runs)
+                            independent_runs, gpu)
         self.results.append(result)
         self.rows.append(self._row(result))
         return result
@@ -178,6 +189,24 @@ class RunState:
         """A test that ended without a measurement (skip, error) still gets its line in the table."""
         self.rows.append(row)
 
+    def add_doc(self, doc: CaseDoc) -> None:
+        """A case an -n worker measured and gated (its report carried it here): kept, with its row."""
+        self.merged.append(doc)
+        self.rows.append(doc.row())
+
+    def docs(self) -> list[CaseDoc]:
+        """Every measured case as the results document holds it, this process's and the workers', each
+        with its test's wall time."""
+        return [replace(d, wall_s=self.durations.get(d.nodeid, d.wall_s))
+                for d in [r.doc() for r in self.results] + self.merged]
+
+    def gate_failed(self, nodeid: str) -> bool:
+        """Whether the gate failed this test itself (REGRESSION, or NEW/STALE when strict): its row says why."""
+        if any(r.nodeid == nodeid and self.failure_line(r) is not None for r in self.results):
+            return True
+        return not self.update and any(d.nodeid == nodeid and failing(Verdict(d.verdict), strict=self.strict)
+                                       for d in self.merged)
+
     # --- shared measurements -------------------------------------------------------------------
     def ceiling(self, device: str, measure: Callable[[], float]) -> float:
         """The session's memory ceiling (bytes/s) for a device, measured once on first use."""
@@ -189,10 +218,17 @@ class RunState:
     def ceilings(self) -> dict[str, float]:
         return dict(self._ceilings)
 
+    def merge_ceilings(self, ceilings: dict[str, float], gpu: str = "") -> None:
+        """A worker's ceilings: each also under `<kind>@<gpu>` (its GPU's own), the first one seen plain."""
+        for k, v in ceilings.items():
+            self._ceilings.setdefault(k, v)
+            if gpu:
+                self._ceilings[f"{k}@{gpu}"] = v
+
     # --- baseline updates ----------------------------------------------------------------------
     def entries_by_family(self) -> dict[str, dict[str, dict]]:
         """Baseline entries for the measured cases (gated metrics only), grouped by family."""
-        return entries_by_family([r.doc() for r in self.results], provenance.measured(self.fingerprint),
+        return entries_by_family(self.docs(), provenance.measured(self.fingerprint),
                                  machine=self.fingerprint.get("machine_id", "unknown"))
 
     def results_doc(self) -> ResultsDoc:
@@ -200,5 +236,5 @@ class RunState:
         from moebench import __version__
 
         return ResultsDoc(self.hardware_key, self.started, hardware.now_iso(), provenance.git_commit(), self.fingerprint,
-                          {r.key: r.doc() for r in self.results}, [row for row in self.rows if row.value is None],
+                          {d.key: d for d in self.docs()}, [row for row in self.rows if row.value is None],
                           __version__, self.ceilings)

@@ -37,6 +37,12 @@ def declare_cases(config: pytest.Config, family: str, keys: Iterable[str]) -> No
     config.stash.setdefault(_FAMILY_KEYS, {}).setdefault(family, set()).update(keys)
 
 
+def declared(config: pytest.Config) -> dict[str, set[str]]:
+    """Every family's declared case keys so far (an -n worker sends them to the controller, which has
+    collected nothing)."""
+    return config.stash.get(_FAMILY_KEYS, {})
+
+
 def case_key(item: pytest.Item) -> str | None:
     """The baseline key of a test's case: the `key` of the first parameter that has one."""
     for value in getattr(getattr(item, "callspec", None), "params", {}).values():
@@ -82,7 +88,8 @@ class StrictCoverage:
         return report
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if session.config.option.collectonly or session.exitstatus == pytest.ExitCode.INTERRUPTED:
+        if (session.config.option.collectonly or session.exitstatus == pytest.ExitCode.INTERRUPTED
+                or hasattr(session.config, "workerinput")):  # an -n worker: the controller holds the table
             return
         stored = {f: d["entries"] for f, d in self.state.baselines.docs.items()}
         for family, key in gone(stored, session.config.stash.get(_FAMILY_KEYS, {})):

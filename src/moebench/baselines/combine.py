@@ -84,6 +84,9 @@ def combine_entries(entries: Sequence[dict], where: str) -> dict:
     out = {"definition_hash": def_hash, "metrics": metrics, "provenance": _provenance(entries, runs),
            "machines": sorted({m for e in entries for m in (e.get("machines") or ["unknown"])}),
            "independent_runs": runs}
+    gpus = {g["uuid"]: g for e in entries for g in (e.get("gpus") or ())}
+    if gpus:  # the GPUs of every run (`moebench aa --per-gpu --promote`: each GPU of the box)
+        out["gpus"] = [gpus[u] for u in sorted(gpus)]
     recorded = entries[-1].get("recorded")
     if recorded:
         out["recorded"] = recorded

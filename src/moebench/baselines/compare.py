@@ -92,6 +92,9 @@ class Comparison:
     machine_spread: float | None = None
     kind: str | None = None
     assumed_spread: float | None = None
+    # Set when the measurement ran on another GPU of the recording box than the one(s) that recorded it
+    # (their indices, "2"): gated as another machine, since GPUs of one kind differ as machines do.
+    other_gpu: str = ""
 
     @property
     def delta_pct(self) -> float | None:
@@ -109,6 +112,7 @@ def compare_metric(
     env_mismatch: bool = False,
     throttled: bool = False,
     other_machine: bool = False,
+    other_gpu: str = "",
 ) -> Comparison:
     """Verdict for one metric.
 
@@ -116,9 +120,12 @@ def compare_metric(
     CLIFF for a host-bound metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise
     of the two sides and, on a machine that did not record the baseline (other_machine), the spread
     between machines (the entry's noise_machines, else the fallback of the metric's kind: the
-    measurement's declared kind, else the entry's; moebench.kinds). A throttled measurement, or a baseline
-    stored as not gating (gate_off: its noise was too wide), is never PASS or REGRESSION: AMBIGUOUS.
+    measurement's declared kind, else the entry's; moebench.kinds); a case run on another GPU of the
+    recording box than the one that recorded it (other_gpu: that GPU's index) counts as another machine.
+    A throttled measurement, or a baseline stored as not gating (gate_off: its noise was too wide), is
+    never PASS or REGRESSION: AMBIGUOUS.
     """
+    other_machine = other_machine or bool(other_gpu)
     if env_mismatch:
         return Comparison(Verdict.ENV_MISMATCH, measured.value, baseline.value if baseline else None,
                           reason="baseline recorded on other hardware: not compared")
@@ -144,7 +151,8 @@ def compare_metric(
         spread = max(spread, between if between is not None else assumed)
     noise = NOISE_FACTOR * spread
     common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
-                  other_machine=other_machine, machine_spread=between, kind=kind, assumed_spread=assumed)
+                  other_machine=other_machine, machine_spread=between, kind=kind, assumed_spread=assumed,
+                  other_gpu=other_gpu)
     if baseline.gate_off:
         return Comparison(Verdict.AMBIGUOUS, reason="baseline stored as not gating: its noise was too wide to gate "
                                                     "(re-record with more runs or on a quieter machine)", **common)
@@ -173,7 +181,7 @@ def slowdown(value: float, baseline: float, direction: str) -> float:
 
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
                  env_mismatch: bool = False, throttled: bool = False,
-                 other_machine: bool = False) -> dict[str, Comparison]:
+                 other_machine: bool = False, other_gpu: str = "") -> dict[str, Comparison]:
     """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all). The
     one comparison loop: the in-run gate and `moebench compare` both call it, so they cannot disagree."""
     out: dict[str, Comparison] = {}
@@ -185,7 +193,7 @@ def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | 
             out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
             continue
         out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled,
-                                   other_machine=other_machine)
+                                   other_machine=other_machine, other_gpu=other_gpu)
     return out
 
 

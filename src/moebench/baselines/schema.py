@@ -16,6 +16,7 @@ A file `baselines/<hardware-key>/<family>.json`:
                                  "noise_machines"?, "gate"?: "cliff" | "none", "kind"?}},
           "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
           "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
+          "gpus": [{"index": 3, "uuid": "GPU-..."}],  # which GPUs of them ran a single-GPU case (optional)
           "independent_runs": 3,              # processes or engine instances its values are medians of
           "provenance": {"kind": "measured", "commit", "date", "versions": {...}}
                       | {"kind": "external", "source": "<where the figure came from>", "date"}
@@ -223,6 +224,12 @@ def _check_entry(p: _Problems, entry: Any, path: str, machines: set[str]) -> Non
         p.need(isinstance(entry["machines"], list) and bool(entry["machines"])
                and all(isinstance(x, str) and x for x in entry["machines"]), f"{path}.machines",
                f"must be a non-empty list of machine ids, got {entry['machines']!r}")
+    if "gpus" in entry:
+        p.need(isinstance(entry["gpus"], list) and bool(entry["gpus"])
+               and all(isinstance(g, dict) and isinstance(g.get("uuid"), str) and g["uuid"]
+                       and (g.get("index") is None or (isinstance(g["index"], int) and not isinstance(g["index"], bool)))
+                       for g in entry["gpus"]), f"{path}.gpus",
+               f"must be a non-empty list of {{index, uuid}} objects, got {entry['gpus']!r}")
     if "independent_runs" in entry:
         runs = entry["independent_runs"]
         p.need(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, f"{path}.independent_runs",

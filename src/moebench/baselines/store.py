@@ -146,10 +146,19 @@ class BaselineEntry:
     recorded: dict = field(default_factory=dict)  # what ran when it was recorded (decode: engine's backends)
     machines: tuple[str, ...] = ()  # the machines that measured it (none named: recorded before they were)
     independent_runs: int | None = None  # processes / engine instances its values are medians of
+    gpus: tuple[dict, ...] = ()  # the GPUs that ran it ({index, uuid}; none named: recorded before they were)
 
     def measured_on(self, machine: str) -> bool:
         """Whether `machine` (hardware.machine_id) is one of the machines that recorded this entry."""
         return machine in self.machines
+
+    def other_gpu(self, gpu: Mapping[str, Any] | None) -> str:
+        """'' when `gpu` (hardware.own_gpu) is one of the GPUs that recorded this entry, or either names none
+        (an entry from before entries named their GPU gates as it always did); else the recording GPUs'
+        indices ('2', '2, 5'), for the verdict row."""
+        if not gpu or not gpu.get("uuid") or not self.gpus or gpu["uuid"] in {g.get("uuid") for g in self.gpus}:
+            return ""
+        return ", ".join(str(g.get("index", "?")) for g in self.gpus)
 
 
 @dataclass
@@ -180,7 +189,8 @@ class BaselineSet:
         where = str(family_path(self.root, self.hardware_key, family))
         metrics = {n: validate_metric(m, where, f"entries[{key!r}].metrics.{n}") for n, m in raw["metrics"].items()}
         return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}),
-                             tuple(raw.get("machines") or ()), raw.get("independent_runs"))
+                             tuple(raw.get("machines") or ()), raw.get("independent_runs"),
+                             tuple(raw.get("gpus") or ()))
 
     def fingerprint(self, family: str, key: str | None = None) -> dict | None:
         """The machine a case's stored entry was recorded on (entry_fingerprint); with no key, or no such
