@@ -15,7 +15,9 @@ and imports the engine's module as a check. The runner needs python3, pip and pa
     ci/stage_engine.py check ci/engines/sglang-0.5.15.txt --image ci/engines/gpu-image-packages.txt
 
 Engine list lines: `name==version [drop=GLOB,...]` (members left out of that wheel), `import: module`
-(checked after installing), `skip: name  reason` (a dependency deliberately not carried), `# comment`.
+(checked after installing), `skip: name  reason` (a dependency deliberately not carried), `accept: name
+reason` (a version conflict with the image known to be harmless: a pin on a package the path never
+imports), `# comment`.
 Exit codes: 0 done or a part kept, 1 a failed check, 2 bad input; errors are one line naming the file.
 """
 
@@ -78,23 +80,24 @@ def parse_size(text: str) -> int:
 
 
 def read_list(path: Path) -> dict:
-    """An engine list -> {'name', 'pins': [(name, version, drops)], 'imports': [...], 'skips': {norm: reason}}."""
+    """An engine list -> {'name', 'pins': [(name, version, drops)], 'imports': [...], 'skips': {norm: reason},
+    'accepts': {norm: reason}} (`accept: name reason`: a version conflict with the image that is known harmless)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as e:
         raise StageError(f"{path}: cannot read: {e.strerror or e}") from None
-    out: dict = {"name": path.stem, "pins": [], "imports": [], "skips": {}}
+    out: dict = {"name": path.stem, "pins": [], "imports": [], "skips": {}, "accepts": {}}
     for n, raw in enumerate(lines, 1):
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         key, _, rest = line.partition(":")
-        if key in ("import", "skip") and rest.strip():
+        if key in ("import", "skip", "accept") and rest.strip():
             if key == "import":
                 out["imports"].append(rest.strip())
             else:
                 name, _, reason = rest.strip().partition(" ")
-                out["skips"][norm(name)] = reason.strip() or "not needed"
+                out[key + "s"][norm(name)] = reason.strip() or "not needed"
             continue
         pin, *opts = line.split()
         m = _PIN.match(pin)
@@ -349,6 +352,7 @@ def check(args: argparse.Namespace) -> int:
            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
     missing: dict[str, list[str]] = {}
     conflicts: list[str] = []
+    accepted: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         download(spec["pins"], Path(tmp), args.python_version, args.find_links)
         for name, version, _ in spec["pins"]:
@@ -370,11 +374,15 @@ def check(args: argparse.Namespace) -> int:
                     missing.setdefault(dep, []).append(f"{name} needs {line}")
                     continue
                 if have is not None and req.specifier and not req.specifier.contains(have, prereleases=True):
+                    if dep in spec["accepts"]:
+                        accepted.append(f"accepted: {dep} {have} {where}, {name} {version} needs {line} "
+                                        f"({spec['accepts'][dep]})")
+                        continue
                     fix = "carry one that fits" if where == "in the image" else "pin one that fits"
                     conflicts.append(f"conflict: {dep} {have} {where}, but {name} {version} needs {line}: {fix}")
     for dep, why in sorted(missing.items()):
         print(f"missing: {dep} ({'; '.join(why)})")
-    for line in conflicts:
+    for line in accepted + conflicts:
         print(line)
     unversioned = sum(1 for v in image.values() if v is None)
     print(f"{spec['name']}: {len(carried)} wheels, {len(spec['skips'])} dependencies skipped on purpose, "

@@ -231,6 +231,11 @@ def test_check_finds_a_carried_requirement_the_image_version_breaks(built, tmp_p
     assert stage.main(args) == 1
     out = capsys.readouterr().out
     assert "conflict: requests 1.9 in the image, but tinya 1.0 needs requests>=2: carry one that fits" in out
+    accepted = tmp_path / "tiny-4.txt"  # a conflict a reviewer accepted, with the reason: printed, not failed
+    accepted.write_text(lst.read_text() + "accept: requests  only its tests import it\n")
+    assert stage.main(["check", str(accepted), "--image", str(image), "--find-links", str(root / "index")]) == 0
+    assert "accepted: requests 1.9 in the image, tinya 1.0 needs requests>=2 (only its tests import it)" in (
+        capsys.readouterr().out)
     image.write_text("requests==2.31.0\n")
     assert stage.main(args) == 0
     image.write_text("requests\n")  # no version known: present, not checked (and said so)

@@ -22,6 +22,9 @@ Kernel names: `RULES` run before the category map (moebench.decode.categories, w
 - SGLang's router kernels (`moe_fused_gate`, FlashInfer's DeepSeek top-k) count as router_topk_align.
 - Greedy sampling in SGLang is an argmax launched outside any annotation: it counts by its name
   (norms_elementwise), not as sampling.
+- GLM-5's router (256 experts, one group) takes its top-k through torch.topk, whose kernel is a sort
+  (`at::native::bitonicSortKVInPlace`): router_topk_align. On the first H200 trace of the GLM-5 rank it
+  was 0.60 ms/step of `other` (6.5% of the GPU busy time); greedy sampling is an argmax, no sort.
 - SGLang's RMSNorms (fused add + norm, and the plain one) are FlashInfer's CuTe DSL kernels, named
   `kernel_cutlass_kernel_flashinfernormkernels...RMSNormKernel...`: norms_elementwise, where the shared
   map's attention rule (`flash`) would take them. Version 1 did: on the first H200 trace (SGLang 0.5.15,
@@ -40,14 +43,15 @@ from pathlib import Path
 from moebench.decode.categories import MAP_VERSION, category
 from moebench.decode.trace import GPU_CATEGORIES, LAUNCH_CATEGORIES, Kernel, Steps, TraceError, launch_times
 
-# 2: FlashInfer's CuTe DSL RMSNorm kernels moved from attention (the shared `flash` rule) to norms_elementwise
+# 2: FlashInfer's CuTe DSL RMSNorm kernels moved from attention (the shared `flash` rule) to norms_elementwise,
+#    torch.topk's sort (GLM-5's router) from other to router_topk_align
 SGLANG_MAP_VERSION = 2
 GRAPH_LAUNCH = "cudaGraphLaunch"
 DECODE_TRACE_GLOB = "*-DECODE.trace.json*"
 
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((cat, re.compile(pat, re.I)) for cat, pat in (
     ("norms_elementwise", r"act_and_mul|flashinfer.*norm|rms_?norm"),
-    ("router_topk_align", r"moe_fused_gate|fused_topk_deepseek|deepseek.*topk|biased_grouped"),
+    ("router_topk_align", r"moe_fused_gate|fused_topk_deepseek|deepseek.*topk|biased_grouped|bitonicSort"),
 ))
 
 
