@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from moebench.decode.procs import EngineError, EngineProcess, descendants
+from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.startup import StartWatch
 from moebench.decode.stats import Trial
 
@@ -91,7 +91,7 @@ class InProcessEngine:
                               self.log) from None
 
     def _pids(self) -> list[int]:
-        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+        return self.proc.pids() if self.proc else []
 
     def _next_event(self, want: str, deadline: float, progress: Callable[[str], None], trial: int | None = None) -> dict:
         what = "become ready" if trial is None else f"finish trial {trial}"

@@ -138,6 +138,10 @@ class EngineProcess:
         """Seconds since the process was started."""
         return time.monotonic() - self.started
 
+    def pids(self) -> list[int]:
+        """The leader and its live descendants now (what a start watch looks through for compilers)."""
+        return [self.pid, *descendants(self.pid)]
+
     def remember_descendants(self) -> None:
         """Note the engine's descendants now, so those that leave the group are still stopped."""
         self._known.update(descendants(self.pid))

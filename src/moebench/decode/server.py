@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 from moebench.decode import openai_stream
 from moebench.decode.openai_stream import StreamBroken, StreamResult
-from moebench.decode.procs import EngineError, EngineProcess, descendants
+from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.startup import StartWatch
 from moebench.decode.stats import Trial
 
@@ -67,7 +67,7 @@ class ServerEngine:
         return EngineError(message, self.log)
 
     def _pids(self) -> list[int]:
-        return [self.proc.pid, *descendants(self.proc.pid)] if self.proc else []
+        return self.proc.pids() if self.proc else []
 
     def start(self, progress: Callable[[str], None] = lambda s: None) -> float:
         """Start the server (unless it is an external URL) and wait until /health answers 200.
