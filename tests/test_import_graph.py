@@ -129,6 +129,14 @@ def test_the_generic_layers_import_no_family():
     assert not any(leaks.values()), leaks
 
 
+def test_the_plugin_knows_no_family():
+    # The plugin reaches the families only through their registries (family_options, family_tables): it
+    # once imported decode/options.py itself, inside pytest_addoption.
+    graph = import_graph(SRC)
+    assert not [d for d in graph["moebench.plugin"] if d.startswith(FAMILIES)], graph["moebench.plugin"]
+    assert "moebench.decode.options" in graph["moebench.family_options"]
+
+
 def _write(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)

@@ -22,6 +22,7 @@ from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
 from moebench.baselines.update import write_updates
 from moebench.case_gpus import case_gpu, gpus_needed
+from moebench.family_options import add_family_options
 from moebench.family_tables import family_tables
 from moebench.metrics import Metric
 from moebench.outcomes import TestOutcomes
@@ -61,9 +62,7 @@ def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginMa
     g.addoption("--benchmark-tables", action="store_true",
                 help="also print pytest-benchmark's own result tables (off by default; its --benchmark-json, "
                      "-save, -compare and -histogram work either way)")
-    from moebench.decode.options import add_decode_options
-
-    add_decode_options(g)
+    add_family_options(g)  # the families' own (decode's --decode-*), from their registry
 
 
 def _registered_markers(config: pytest.Config) -> set[str]:
