@@ -8,7 +8,8 @@
 #   install-sglang SGLang's kept parts installed (stage_engine.py install)
 #   record-kimi    the Kimi INT4 rank through SGLang, recorded from 3 engine instances (the first compiles
 #                  SGLang's JIT kernels; the next two show whether they reuse the cache)
-#   jit-cache      SGLang's JIT cache (~/.cache/tvm-ffi) packed as jit-cache.tgz when under 15 MiB
+#   jit-cache      SGLang's JIT cache ($TVM_FFI_CACHE_DIR, else ~/.cache/tvm-ffi) packed as jit-cache.tgz when
+#                  under 15 MiB
 #   gate-sglang    the same rank through SGLang, gated against record-kimi's entry
 #   plant-kimi     ci/planted's SGLang plugin: every tenth MoE layer's Marlin GEMMs twice, gated
 #   install-vllm   vLLM's kept parts installed (waiting up to 5 minutes for the last to arrive)
@@ -89,9 +90,10 @@ for s in "$@"; do
     record-kimi) step record-kimi sglang --pass record -- -k "sglang and kimi" --decode-instances 3 \
       --decode-log-dir "$logs/record-kimi" ;;
     jit-cache)  # SGLang's built JIT kernels, to carry to the next bare machine (when small enough)
-      tar -C "$HOME/.cache" -czf "$out/.jit-cache.tgz" tvm-ffi 2>/dev/null
+      cache=${TVM_FFI_CACHE_DIR:-$HOME/.cache/tvm-ffi}  # where SGLang keeps them (sglang_engine.jit_cache_dir)
+      tar -C "$(dirname "$cache")" -czf "$out/.jit-cache.tgz" "$(basename "$cache")" 2>/dev/null
       size=$(stat -c %s "$out/.jit-cache.tgz" 2>/dev/null || echo 0)
-      echo "== jit-cache: $(find "$HOME/.cache/tvm-ffi" -name '*.so' 2>/dev/null | wc -l) modules, $((size >> 20)) MiB packed"
+      echo "== jit-cache: $(find "$cache" -name '*.so' 2>/dev/null | wc -l) modules, $((size >> 20)) MiB packed"
       if [ "$size" -lt $((15 << 20)) ]; then mv "$out/.jit-cache.tgz" "$out/jit-cache.tgz"; else rm -f "$out/.jit-cache.tgz"; fi ;;
     gate-sglang) step gate-sglang sglang --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/gate-sglang" ;;
     plant-kimi) PYTHONPATH="$PWD/ci/planted${PYTHONPATH:+:$PYTHONPATH}" MOEBENCH_PLANT_EXPERTS=0.10 \

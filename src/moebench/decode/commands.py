@@ -26,12 +26,13 @@ CPU_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 # first on the path of SGLang's processes only (ci/stage_engine.py, docs/sglang.md).
 SGLANG_SITE_ENV = "MOEBENCH_SGLANG_SITE"
 # SGLang's KV pool, in tokens: one stream of a few hundred tokens needs megabytes, but without a cap SGLang
-# fills --mem-fraction-static (39.7 GB on the H200 Kimi rank: minutes of start-up for nothing). 4096 holds
-# the stream, its prefill chunk and the warm-up request with room to spare.
+# fills --mem-fraction-static (39.7 GB on the H200 Kimi rank). 4096 holds the stream, its prefill chunk and
+# the warm-up request with room to spare.
 SGLANG_KV_TOKENS = 4096
 # SGLang 0.5.15 derives a gRPC port (its --port + 10000) and refuses to start when that passes 65535, gRPC on
 # or not (server_args._handle_deprecated_args): a free port from the kernel's ephemeral range (up to 60999)
-# failed one of six starts that way on the H200 (a fifth of that range is above 55535). Its servers get a port under this.
+# failed one of six starts that way on the H200 (a fifth of that range is above 55535). Its servers get a
+# port under this.
 SGLANG_PORT_BELOW = 65536 - 10000
 
 
