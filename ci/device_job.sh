@@ -75,10 +75,16 @@ case "$cmd" in
     [ -d "$dir" ] || die "no job $name under $jobs_root"
     seen="$dir/log.seen"; from=$(cat "$seen" 2>/dev/null || echo 0)
     end=$((SECONDS + max))
-    while :; do
+    show_new_lines() {
       size=$(stat -c %s "$dir/log" 2>/dev/null || echo 0)
       if [ "$size" -gt "$from" ]; then tail -c +"$((from + 1))" "$dir/log" | head -c "$((size - from))"; from=$size; echo "$from" >"$seen"; fi
-      [ -f "$dir/rc" ] && break
+    }
+    while :; do
+      # rc is looked at before the log is read: a job that writes its last lines and ends between
+      # the two still has those lines shown (the last read happens after rc was seen)
+      done_already=0; [ -f "$dir/rc" ] && done_already=1
+      show_new_lines
+      [ "$done_already" = 1 ] && break
       [ "$SECONDS" -ge "$end" ] && break
       sleep 2
     done

@@ -50,3 +50,25 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path):
                        (("start", "j2"), "no command given"), (("wait", "j2", "--max", "soon"), "")):
         r = job(tmp_path, *args)
         assert r.returncode == 2 and said in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_the_last_lines_of_a_job_that_ends_between_two_looks_are_shown(tmp_path):
+    """The race CI met on a loaded box: the job wrote its last line and its exit code just after `wait`
+    had read the log's size. A `stat` on PATH makes that happen on the first look, every time."""
+    jobs = tmp_path / "jobs" / "j3"
+    (jobs / "out").mkdir(parents=True)
+    (jobs / "log").write_text("started\n")
+    (jobs / "pid").write_text("999999\n")
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    real_stat = subprocess.run(["bash", "-c", "command -v stat"], capture_output=True, text=True).stdout.strip()
+    (shim / "stat").write_text(
+        "#!/bin/bash\n"
+        f'out=$("{real_stat}" "$@")\n'  # the size as it was when looked at
+        f'if [ ! -e "{jobs}/rc" ]; then echo "done" >>"{jobs}/log"; echo 4 >"{jobs}/rc"; fi\n'
+        'echo "$out"\n')
+    (shim / "stat").chmod(0o755)
+    env = dict(os.environ, MOEBENCH_JOBS=str(tmp_path / "jobs"), PATH=f"{shim}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(TOOL), "wait", "j3", "--max", "20"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 4 and "started" in r.stdout and "done" in r.stdout, r.stdout
