@@ -40,7 +40,23 @@ class _Url:
     def connect(self, timeout: float) -> http.client.HTTPConnection:
         """A connection whose every socket operation times out after `timeout` s."""
         cls = http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        return cls(self.host, self.port, timeout=timeout)
+        conn = cls(self.host, self.port, timeout=timeout)
+        conn.connect()
+        if _talks_to_itself(conn.sock):
+            conn.close()
+            raise ConnectionRefusedError(f"{self.host}:{self.port} is not listening (the connection was given "
+                                         "that port as its own source port and reached itself)")
+        return conn
+
+
+def _talks_to_itself(sock: socket.socket | None) -> bool:
+    """TCP self-connect: connecting to a local port that nothing listens on can succeed, with the
+    connection's own source port equal to the port asked for, when that port is in the kernel's
+    ephemeral range; every byte sent then comes back as the answer."""
+    try:
+        return sock is not None and sock.getsockname() == sock.getpeername()
+    except OSError:
+        return False
 
 
 def get(url: str, path: str, timeout: float = 2.0) -> tuple[int, Any]:
