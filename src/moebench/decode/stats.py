@@ -150,6 +150,25 @@ def implausible(metrics: dict[str, Metric], floor_ms: float | None = None) -> st
     return None
 
 
+def burst_phrase(trials: list[Trial]) -> str | None:
+    """Where a measured trial's tokens after the first arrived all but at once, the worst such trial in
+    words ("trial 2: the 127 tokens after the first arrived within 1.4 ms, 699.6 ms after the request"),
+    else None. Such a stream was held back by its host, not made that fast."""
+    worst = None
+    for i, t in enumerate(trials):
+        if t.warmup or t.tokens < 3:
+            continue
+        after = t.token_times_s()[1:]
+        span = after[-1] - after[0]
+        per_token = span / (len(after) - 1)
+        if per_token < 0.1 * (t.total_s / t.tokens) and (worst is None or per_token < worst[0]):
+            worst = (per_token, i, len(after), span, t.chunks[-1][0])
+    if worst is None:
+        return None
+    _, i, n, span, end = worst
+    return f"trial {i}: the {n} tokens after the first arrived within {span * 1e3:.1f} ms, {end * 1e3:.1f} ms after the request"
+
+
 def per_trial_summary(trials: list[Trial]) -> list[dict]:
     """One line of figures per trial, warm-up marked, for the results JSON and progress lines."""
     rows = []
