@@ -249,3 +249,15 @@ def test_a_stream_flushed_in_one_big_burst_reads_its_end_to_end_rate():
     # one token per chunk (every GPU stream): the 16-token window as before
     smooth = Trial(False, [(0.010 + 0.004 * i, 1) for i in range(40)], [])
     assert len(smooth.window_rates_s()) == 39 - 16
+
+
+def test_a_held_back_stream_is_told_from_a_smooth_or_chunked_one():
+    from moebench.decode.stats import burst_phrase
+
+    smooth = Trial(False, [(0.02 + 0.005 * i, 1) for i in range(128)])
+    chunked = Trial(False, [(0.02 + 0.02 * i, 4) for i in range(32)])  # 4 tokens a chunk, spaced: an engine's stream interval
+    half_held = Trial(False, [(0.02 + 0.005 * i, 1) for i in range(64)] + [(0.9 + 1e-6 * i, 1) for i in range(64)])
+    warm_burst = Trial(True, [(0.5 + 1e-6 * i, 1) for i in range(128)])
+    assert burst_phrase([smooth, chunked, warm_burst]) is None
+    assert burst_phrase([smooth, half_held]) == ("trial 1: 63 of the 127 chunks after the first came under 0.07 ms "
+                                                 "after the one before, the last 900.1 ms after the request")

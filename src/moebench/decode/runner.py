@@ -306,10 +306,10 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
             held = burst_phrase(run.trials)
             if held and s.device == "cpu":
                 # The client, the server and the engine share the host's cores here: a starved engine
-                # process sends its whole stream at once (a loaded 2-core box does so at will), which
+                # process sends its stream in bursts, or whole (a loaded 2-core box does so at will), which
                 # says nothing of the code, so the case cannot be timed on this host and says so. On a
                 # GPU box a burst is the engine's own streaming and fails below.
-                pytest.skip(f"not timed on this host: the stream arrived in one burst ({held}; "
+                pytest.skip(f"not timed on this host: the stream arrived in bursts ({held}; "
                             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), so {wrong}; "
                             "time it on a quieter box")
             raise EngineError(wrong + (f"; {held}" if held else ""), run.log)

@@ -151,22 +151,25 @@ def implausible(metrics: dict[str, Metric], floor_ms: float | None = None) -> st
 
 
 def burst_phrase(trials: list[Trial]) -> str | None:
-    """Where a measured trial's tokens after the first arrived all but at once, the worst such trial in
-    words ("trial 2: the 127 tokens after the first arrived within 1.4 ms, 699.6 ms after the request"),
-    else None. Such a stream was held back by its host, not made that fast."""
+    """Where a quarter or more of the chunks of a measured trial arrived all but together with the one
+    before (under 1% of the trial's mean time per chunk apart), the worst such trial in words ("trial 1: 126 of the 127
+    chunks after the first came under 0.07 ms after the one before, the last 902.0 ms after the
+    request"), else None. Such a stream was held back and flushed, whole or in parts, by its host: a
+    stream whose chunks carry several tokens each still has them spaced."""
     worst = None
     for i, t in enumerate(trials):
-        if t.warmup or t.tokens < 3:
+        if t.warmup or len(t.chunks) < 3:
             continue
-        after = t.token_times_s()[1:]
-        span = after[-1] - after[0]
-        per_token = span / (len(after) - 1)
-        if per_token < 0.1 * (t.total_s / t.tokens) and (worst is None or per_token < worst[0]):
-            worst = (per_token, i, len(after), span, t.chunks[-1][0])
+        times = [c[0] for c in t.chunks]
+        close = 0.01 * t.total_s / len(times)
+        held = sum(1 for a, b in zip(times, times[1:]) if b - a < close)
+        if 4 * held >= len(times) - 1 and (worst is None or held > worst[0]):
+            worst = (held, i, len(times) - 1, close, times[-1])
     if worst is None:
         return None
-    _, i, n, span, end = worst
-    return f"trial {i}: the {n} tokens after the first arrived within {span * 1e3:.1f} ms, {end * 1e3:.1f} ms after the request"
+    held, i, n, close, end = worst
+    return (f"trial {i}: {held} of the {n} chunks after the first came under {close * 1e3:.2f} ms after the one "
+            f"before, the last {end * 1e3:.1f} ms after the request")
 
 
 def per_trial_summary(trials: list[Trial]) -> list[dict]:
