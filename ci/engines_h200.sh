@@ -43,7 +43,9 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
     local traces=()
     for d in "$logs/$step"/*/*-profile; do [ -d "$d" ] && traces+=("${d#"$scratch"/}"); done
     [ ${#traces[@]} -gt 0 ] && tar -C "$scratch" -czf "$out/.$step-traces.tgz" "${traces[@]}"
-    if [ -f "$out/.$step-traces.tgz" ] && [ "$(stat -c %s "$out/.$step-traces.tgz")" -lt $((15 << 20)) ]; then
+    if [ ! -f "$out/.$step-traces.tgz" ]; then
+      echo "== $step: no trace was written"
+    elif [ "$(stat -c %s "$out/.$step-traces.tgz")" -lt $((15 << 20)) ]; then
       mv "$out/.$step-traces.tgz" "$out/$step-traces.tgz"
     else
       echo "== $step: traces over 15 MiB, not brought back"; rm -f "$out/.$step-traces.tgz"
@@ -61,6 +63,9 @@ step() {  # step NAME CMD...: run, time, pack; remember the first failure
   rc=$?
   grep -E '^== |moebench: .*(engine|steady|server starting|instance|breakdown)|(PASS|REGRESSION|IMPROVEMENT|AMBIGUOUS|NEW|STALE|FAIL|ERROR) ' \
     "$scratch/$name.log" | tail -n 40
+  # the rows that did not pass, with their notes (the reason, "moved most: ..."), from the pass's summary
+  grep -hE '^\| (FAIL|ERROR|REGRESSION|IMPROVEMENT|AMBIGUOUS|STALE|ENV_MISMATCH) ' \
+    "$scratch"/decode-engines-record/summary.md "$scratch"/decode-engines-gate/summary.md 2>/dev/null | cut -c1-600
   echo "== step $name: exit $rc after $((SECONDS - t0)) s"
   pack "$name"
   [ "$rc" -ne 0 ] && [ "$first_rc" -eq 0 ] && first_rc=$rc
