@@ -12,7 +12,8 @@ import pytest
 
 from moebench.decode import startup
 from moebench.decode.procs import EngineError
-from moebench.decode.server import ServerEngine, free_port
+from moebench.decode.server import ServerEngine
+from moebench.ports import free_port
 
 SGLANG_LINES = [
     "[2026-12-02 10:00:09 TP0] Load weight begin. avail mem=139.12 GB",

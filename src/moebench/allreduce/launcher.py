@@ -30,6 +30,7 @@ from typing import Any, Callable, Sequence
 from moebench.allreduce import processes
 from moebench.allreduce.protocol import GroupSpec, Reader, messages_path, stderr_path, stdout_path, tail
 from moebench.allreduce.transport import LOG_ENV
+from moebench.ports import free_port
 
 RankArgv = Callable[[Path, int], Sequence[str]]
 
@@ -239,7 +240,7 @@ def run_group(spec: GroupSpec, deadlines: Deadlines = Deadlines(), *, rank_argv:
     spec, messages and logs live in a fresh folder under workdir_root (default: the temp folder),
     removed after a clean launch and kept after a failure (the error names it)."""
     if spec.port == 0:
-        spec = GroupSpec(spec.backend, spec.world, spec.variant, spec.cases, processes.free_port(),
+        spec = GroupSpec(spec.backend, spec.world, spec.variant, spec.cases, free_port(),
                          spec.collective_timeout_s, spec.fault, spec.parent_pid)
     workdir = Path(tempfile.mkdtemp(prefix=f"moebench-allreduce-{spec.backend}-w{spec.world}-", dir=workdir_root))
     spec_path = workdir / "spec.json"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -20,13 +19,6 @@ from typing import Iterable, Sequence
 
 # Groups started and not yet torn down; killed at interpreter exit if a run is interrupted.
 _LIVE: dict[int, subprocess.Popen] = {}
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (rank 0 binds it for the rendezvous store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(argv: Sequence[str], *, env: dict[str, str], stdout: Path, stderr: Path, cwd: Path | None = None) -> subprocess.Popen:

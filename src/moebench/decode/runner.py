@@ -24,12 +24,13 @@ from moebench.decode.categories import LABELS
 from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase, Scenario
-from moebench.decode.server import ServerEngine, free_port
+from moebench.decode.server import ServerEngine
 from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
 from moebench.decode.stats import Trial, burst_phrase, check_trial, decode_metrics, implausible, per_trial_summary
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
 from moebench.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
 from moebench.metrics import Metric
+from moebench.ports import free_port
 
 
 def metric_kind(s: Scenario, name: str) -> str:

@@ -1,4 +1,5 @@
-"""A server's port, and the health poll that waits for it: no TCP self-connect.
+"""The ports the harness gives its servers (engines, allreduce's rendezvous store), and the health poll
+that waits for one: no TCP self-connect.
 
 An SGLang start on an H200 failed 210 s into its JIT build with `BadStatusLine: GET /health HTTP/1.1`:
 the poll's own request came back as the answer. Connecting to a local port that nothing listens on yet
@@ -14,7 +15,7 @@ import socket
 import pytest
 
 from moebench.decode import openai_stream
-from moebench.decode.server import ephemeral_range, free_port
+from moebench.ports import ephemeral_range, free_port
 
 
 def test_ports_are_drawn_outside_the_kernels_ephemeral_range():
