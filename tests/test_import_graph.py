@@ -120,6 +120,16 @@ def test_the_gate_imports_only_the_measurement_and_no_report():
     assert import_graph(SRC)["moebench.kinds"] == set()
 
 
+def test_no_baseline_module_formats_text_with_the_report():
+    # The store once imported the report's fmt_pct and fmt_value to word its change lines: the gate's side
+    # (every moebench.baselines module) returns numbers (EntryChange), and moebench.baseline_lines words them.
+    graph = import_graph(SRC)
+    formats = {m: sorted(d for d in graph[m] if d.startswith(("moebench.report", "moebench.baseline_lines")))
+               for m in graph if m.startswith("moebench.baselines")}
+    assert not any(formats.values()), formats
+    assert "moebench.report" in graph["moebench.baseline_lines"]
+
+
 def test_the_generic_layers_import_no_family():
     # A family adds its tables through moebench.family_tables' renderers; the report, the results
     # document and the baseline files know no family.

@@ -34,6 +34,7 @@ def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_m
     import json
     from pathlib import Path
 
+    from moebench.baseline_lines import change_line
     from moebench.baselines.store import merge_entries
     from moebench.cli import main
     from moebench.metrics import Metric
@@ -49,7 +50,7 @@ def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_m
         "graph_us": Metric(40000.0, "us", "lower").to_json()}}})
     _, changes = merge_entries(doc, "hw", "gemm", {}, "now", {"gemm[x]": entry | {"metrics": {
         "graph_us": Metric(46870.0, "us", "lower").to_json()}}})
-    assert changes == ["  ~ gemm[x] graph_us: 40000 -> 46870 us (+17.2%)"]
+    assert [change_line(c) for c in changes] == ["  ~ gemm[x] graph_us: 40000 -> 46870 us (+17.2%)"]
 
     cpu = Path(__file__).parent / "data" / "selfcheck-cpu-1.json"
     runs = []

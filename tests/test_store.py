@@ -23,7 +23,7 @@ import pytest
 from moebench.baselines.schema import BaselineError, fingerprint_id
 from moebench.baselines.store import (BaselineSet, check_writable, dumps, family_path, key_folder, load_file, locked,
                                       merge_entries, new_document, other_hardware_entries)
-from moebench.baselines.update import write_updates
+from moebench.baseline_lines import change_line, write_updates
 from moebench.files import atomic_write_text
 from moebench.metrics import Metric
 from moebench.session import RunState
@@ -92,7 +92,7 @@ def test_merge_updates_one_entry_and_keeps_every_other_entrys_bytes(valid_doc):
     assert merged["fingerprint"] == valid_doc["fingerprint"] == bs.fingerprint("gemm", "fake[b]")
     assert merged["fingerprints"] == {merged["entries"]["fake[a]"]["fingerprint"]: new_fp}
     assert bs.fingerprint("gemm", "fake[a]") == new_fp and fingerprint_id(new_fp) in merged["fingerprints"]
-    assert changes == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)",
+    assert [change_line(c) for c in changes] == ["  ~ fake[a] latency_us: 100 -> 110 us (+10.0%)",
                        "  ~ fake[a]: recorded on CPU new now (was CPU fake)"]
     # Outside the updated entry only the header's "updated" line and the new "fingerprints" table moved.
     outside = [l for l in after.splitlines(keepends=True) if l not in new_blocks["fake[a]"]]
@@ -107,7 +107,7 @@ def test_merge_adds_new_entries_and_reports_definition_changes(valid_doc):
     merged, changes = merge_entries(valid_doc, HW, "gemm", {}, NOW,
                                     {"fake[c]": _update(5.0), "fake[a]": _update(100.0, definition_hash="new")})
     assert merged["entries"]["fake[c]"]["metrics"]["latency_us"]["rel_tol"] == 0.2  # new: the measured one
-    assert changes == ["  ~ fake[a]: case definition changed (was STALE)", "  + fake[c] (latency_us 5 us)"]
+    assert [change_line(c) for c in changes] == ["  ~ fake[a]: case definition changed (was STALE)", "  + fake[c] (latency_us 5 us)"]
     # fake[b] sits between the two in sorted order; adding fake[c] after it costs it at most its comma.
     blocks = entry_blocks(dumps(merged))
     assert blocks["fake[b]"].rstrip(",\n") == entry_blocks(dumps(valid_doc))["fake[b]"].rstrip(",\n")
@@ -119,7 +119,7 @@ def test_merge_into_nothing_makes_a_valid_new_document():
     # The header claims no machine: every entry of a new file names its own.
     assert doc == {**new_document(HW, "decode", {}, NOW), "fingerprints": {fid: {"gpus": []}},
                    "entries": {"d[x]": {**_update(97.0), "fingerprint": fid}}}
-    assert changes == ["  + d[x] (latency_us 97 us)"]
+    assert [change_line(c) for c in changes] == ["  + d[x] (latency_us 97 us)"]
 
 
 # --- atomic writes ----------------------------------------------------------------------------------

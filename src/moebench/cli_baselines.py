@@ -10,13 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from moebench.baseline_lines import change_line, refusal_lines
 from moebench.baselines.combine import combine_entries
 from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.diff import Change, diff, loosening
 from moebench.baselines.revision import is_revision, load_revision
 from moebench.baselines.rules import rule_of
 from moebench.baselines.store import entry_fingerprint, load_file
-from moebench.baselines.update import merge_files, refusal_lines
+from moebench.baselines.update import merge_files
 from moebench.cli_common import EXIT_FOUND, EXIT_OK, CliError, check_patterns, matcher
 from moebench.hardware import machine_name
 from moebench.report import fmt_pct, fmt_rule, fmt_value, table
@@ -243,7 +244,7 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
         some = f"{n - len(m.refused)} of " if m.refused else ""
         print(f"{verb} {some}{n} case{'s' if n != 1 else ''} ({note}) into {m.target}: "
               f"{len(m.changes)} change{'s' if len(m.changes) != 1 else ''}")
-        for line in m.changes + notes[hw, fam] + m.notes:
+        for line in [change_line(c) for c in m.changes] + notes[hw, fam] + [change_line(n) for n in m.notes]:
             print(line)
     refusals, refused = refusal_lines(merges)
     for line in refusals:

@@ -17,10 +17,10 @@ import pytest
 from moebench import compat, hardware, interrupts, report, selection, xdist_glue
 from moebench.selection import marker_names_in  # noqa: F401 (benchmarks and tests import it from here)
 from moebench.benchmark_tables import hide_benchmark_tables
+from moebench.baseline_lines import write_updates
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
-from moebench.baselines.update import write_updates
 from moebench.case_gpus import case_gpu, gpus_needed
 from moebench.family_options import add_family_options
 from moebench.family_tables import family_tables

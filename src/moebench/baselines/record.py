@@ -13,7 +13,7 @@ applies it:
 - a stored rel_tol wider than the case's own is a reviewer's and is kept (and said, by
   store.looser_tolerances_kept); one at most the case's own is kept when tighter than the rule's.
 
-Pure: dicts in, dicts and lines out.
+Pure: dicts in, dicts and EntryChange records out.
 """
 
 from __future__ import annotations
@@ -22,16 +22,9 @@ import copy
 from typing import Any, Mapping
 
 from moebench.baselines.compare import CLIFF
+from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.schema import NOISE_MAX
 from moebench.kinds import ruled_rel_tol
-
-ADVICE_WIDE = ("to gate it, record again with more independent runs (`moebench aa --runs 3 --promote DIR -- ...`) "
-               "on a quieter machine")
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.1f}%"
-
 
 def choose_rel_tol(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> float:
     """The rel_tol a recorded metric stores: CLIFF for a cliff; else the rule's (kinds.ruled_rel_tol) over
@@ -46,11 +39,11 @@ def choose_rel_tol(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> 
     return kept if kept > own else min(kept, ruled)
 
 
-def prepare_entry(key: str, entry: dict, stored: Mapping[str, Any] | None) -> tuple[dict, list[str]]:
-    """The entry as it is written over `stored` (the entry there now, or None), and a line for each rule
+def prepare_entry(key: str, entry: dict, stored: Mapping[str, Any] | None) -> tuple[dict, list[EntryChange]]:
+    """The entry as it is written over `stored` (the entry there now, or None), and a change for each rule
     applied that the value changes do not show (a metric stored as not gating, a tolerance set by a rule)."""
     out = copy.deepcopy(entry)
-    lines: list[str] = []
+    lines: list[EntryChange] = []
     old = (stored or {}).get("metrics") or {}
     for name, m in sorted(out.get("metrics", {}).items()):
         if not isinstance(m, dict):
@@ -58,15 +51,13 @@ def prepare_entry(key: str, entry: dict, stored: Mapping[str, Any] | None) -> tu
         noise = m.get("noise")
         if isinstance(noise, (int, float)) and noise > NOISE_MAX and m.get("gate") != "none":
             m["gate"] = "none"
-            lines.append(f"  ! {key} {name}: noise {_pct(noise)} is wider than {_pct(NOISE_MAX)} (a doubling would hide "
-                         f"in it): stored as not gating, it always compares AMBIGUOUS; {ADVICE_WIDE}")
+            lines.append(EntryChange("stored as not gating", key, name, noise, NOISE_MAX))
         if m.get("gate") == "none" or not isinstance(m.get("rel_tol"), (int, float)):
             continue
         before = m["rel_tol"]
         m["rel_tol"] = choose_rel_tol(m, old.get(name))
         stored_tol = (old.get(name) or {}).get("rel_tol")
         if m["rel_tol"] < before and m["rel_tol"] != stored_tol and m.get("gate") != "cliff":
-            lines.append(f"  ~ {key} {name}: rel_tol {_pct(stored_tol if stored_tol is not None else before)} -> "
-                         f"{_pct(m['rel_tol'])} (spread between machines {_pct(m['noise_machines'])}: a kernel time "
-                         "within 1% gates at 3%)")
+            lines.append(EntryChange("tolerance ruled", key, name, stored_tol if stored_tol is not None else before,
+                                     m["rel_tol"], spread=m["noise_machines"]))
     return out, lines

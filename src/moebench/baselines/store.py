@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.record import prepare_entry
 from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, entry_problems, fingerprint_id, needs_v2,
                                       parse_document, validate_file, validate_metric)
 from moebench.hardware import KEY_RULE, is_key, machine_name
 from moebench.files import temporary_files
 from moebench.metrics import Metric
-from moebench.report import fmt_pct, fmt_value
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
@@ -244,9 +244,9 @@ def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) ->
 
 
 def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint: dict, now: str,
-                  updates: Mapping[str, dict], refused: dict[str, list[str]] | None = None) -> tuple[dict, list[str]]:
-    """Return a new document with `updates` (case key -> entry) written over `doc`, and a list of
-    human-readable change lines. Entries not in `updates` are kept as they are, and so is the header's
+                  updates: Mapping[str, dict], refused: dict[str, list[str]] | None = None) -> tuple[dict, list[EntryChange]]:
+    """Return a new document with `updates` (case key -> entry) written over `doc`, and the changes it
+    makes (EntryChange: numbers, which moebench.baseline_lines words). Entries not in `updates` are kept as they are, and so is the header's
     `fingerprint` (see moebench.baselines.schema); each updated entry names the machine it was measured
     on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
     proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a
@@ -256,7 +256,7 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
     nothing is checked here (the caller validates the document).
     A version 1 document says SCHEMA_VERSION once it holds what version 1 cannot say (schema.V2_FIELDS)."""
     out = json.loads(json.dumps(doc)) if doc else new_document(hardware_key, family, {}, now)
-    changes: list[str] = []
+    changes: list[EntryChange] = []
     for key, entry in sorted(updates.items()):
         entry, notes = prepare_entry(key, json.loads(json.dumps(entry)), out["entries"].get(key))
         problems = entry_problems(entry, f"{hardware_key}/{family}.json", key) if refused is not None else []
@@ -270,8 +270,8 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
             now_on = out.get("fingerprints", {}).get(entry.get("fingerprint", ""), {})
             changes.extend(_entry_changes(key, old, entry, entry_fingerprint(out, old), now_on))
         else:
-            summary = ", ".join(f"{n} {fmt_value(m['value'], m['unit'])}" for n, m in sorted(entry["metrics"].items()))
-            changes.append(f"  + {key} ({summary})")
+            changes.append(EntryChange("entry added", key, metrics=tuple(
+                (n, m["value"], m["unit"]) for n, m in sorted(entry["metrics"].items()))))
         out["entries"][key] = entry
     _keep_named_fingerprints(out)
     if needs_v2(out):
@@ -302,31 +302,29 @@ def _keep_named_fingerprints(doc: dict) -> None:
         doc.pop("fingerprints", None)
 
 
-def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[str]:
+def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[EntryChange]:
     """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`, its
     rel_tols already chosen by record.prepare_entry)."""
-    changes: list[str] = []
+    changes: list[EntryChange] = []
     stored = old.get("metrics", {})
     for name, m in sorted(entry["metrics"].items()):
         before = stored.get(name, {}).get("value")
         if before is None:
-            changes.append(f"  + {key} {name}: {fmt_value(m['value'], m['unit'])}")
+            changes.append(EntryChange("metric added", key, name, after=m["value"], unit=m["unit"]))
         elif before != m["value"]:
-            pct = 100.0 * (m["value"] - before) / before if before else float("nan")
-            changes.append(f"  ~ {key} {name}: {fmt_value(before)} -> {fmt_value(m['value'], m['unit'])} "
-                           f"({fmt_pct(pct, signed=True)})")
+            changes.append(EntryChange("metric changed", key, name, before, m["value"], m["unit"]))
     for name in sorted(set(stored) - set(entry["metrics"])):
         # a CPU run filed under an H200 key used to drop the entry's graph_us without a word
-        changes.append(f"  - {key} {name}: not measured by this run, dropped from the entry")
+        changes.append(EntryChange("metric dropped", key, name))
     if old.get("definition_hash") != entry["definition_hash"]:
-        changes.append(f"  ~ {key}: case definition changed (was STALE)")
+        changes.append(EntryChange("definition changed", key))
     if was and now and machine_name(was) != machine_name(now):
-        changes.append(f"  ~ {key}: recorded on {machine_name(now)} now (was {machine_name(was)})")
+        changes.append(EntryChange("machine changed", key, before=machine_name(was), after=machine_name(now)))
     return changes
 
 
-def looser_tolerances_kept(doc: dict | None, updates: Mapping[str, dict]) -> list[str]:
-    """A line for each updated metric whose stored rel_tol (kept by merge_entries) is wider than the one
+def looser_tolerances_kept(doc: dict | None, updates: Mapping[str, dict]) -> list[EntryChange]:
+    """A change for each updated metric whose stored rel_tol (kept by merge_entries) is wider than the one
     the case measures with: an update keeps a reviewer's tolerance, and says so when it is a looser one."""
     lines = []
     for key, entry in sorted(updates.items()):
@@ -334,8 +332,7 @@ def looser_tolerances_kept(doc: dict | None, updates: Mapping[str, dict]) -> lis
         for name, m in sorted(entry["metrics"].items()):
             kept = stored.get(name, {}).get("rel_tol")
             if kept is not None and kept > m["rel_tol"]:
-                lines.append(f"  ! {key} {name}: keeps the stored rel_tol {fmt_pct(100 * kept)}, looser than the "
-                             f"case's own {fmt_pct(100 * m['rel_tol'])}")
+                lines.append(EntryChange("looser tolerance kept", key, name, kept, m["rel_tol"]))
     return lines
 
 

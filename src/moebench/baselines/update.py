@@ -1,4 +1,5 @@
-"""Writing measured cases into baseline files: explicit, reviewable, atomic, merged under a lock."""
+"""Writing measured cases into baseline files: explicit, reviewable, atomic, merged under a lock.
+What was written is worded by moebench.baseline_lines."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import dumps, family_path, load_file, locked, looser_tolerances_kept, merge_entries
 from moebench.files import atomic_write_text
@@ -14,27 +16,22 @@ from moebench.hardware import now_iso
 
 @dataclass
 class Merge:
-    """One baseline file's merge: where it goes, the merged document, its change lines, whether the
+    """One baseline file's merge: where it goes, the merged document, its changes, whether the
     target is new (or a proposal), which is written even without a change, notes for the reader that
     change nothing (a looser tolerance kept, a killed writer's leftovers removed), and the entries the
     schema refused (case key -> its problems), which were left out while the others were written."""
 
     target: Path
     doc: dict
-    changes: list[str]
+    changes: list[EntryChange]
     new: bool
-    notes: list[str] = field(default_factory=list)
+    notes: list[str | EntryChange] = field(default_factory=list)
     refused: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def written(self) -> bool:
         """Whether this merge writes its file (a change, or a new file that holds an entry)."""
         return bool(self.changes) or (self.new and bool(self.doc["entries"]))
-
-
-# What a refused entry's line tells the reader to do.
-ADVICE_REFUSED = ("fix what the line names, or measure again (more runs: `moebench aa --runs 3`; a quieter "
-                  "machine), then update again")
 
 
 def merge_files(updates: list[tuple[str, str, dict, dict]], *, root: Path, source_root: Path | None = None,
@@ -79,46 +76,3 @@ def _merge_locked(updates, root: Path, source_root: Path | None, write: bool, pr
         for m in plans:
             if write and m.written:
                 atomic_write_text(m.target, dumps(m.doc))
-
-
-def write_updates(state, *, propose_dir: str | None = None) -> tuple[list[str], list[str]]:
-    """Merge the run's measured cases into this hardware's baseline files (or into copies under
-    propose_dir); returns (the lines to print, the case keys refused). Entries the run did not measure
-    keep their bytes (see merge_files); a refused entry leaves the others written, and its lines say so."""
-    updates = [(state.hardware_key, family, state.fingerprint, entries)
-               for family, entries in state.entries_by_family().items()]
-    merges = merge_files(updates, root=Path(propose_dir) if propose_dir else state.baseline_dir,
-                         source_root=state.baseline_dir, proposal=bool(propose_dir))
-    return merge_lines(merges, "proposed" if propose_dir else "updated")
-
-
-def merge_lines(merges: list[Merge], verb: str) -> tuple[list[str], list[str]]:
-    """(the lines that report merges, the case keys refused): per file what changed and its notes, then
-    the refused entries (refusal_lines)."""
-    lines: list[str] = []
-    for m in merges:
-        if not m.written:
-            lines.append(f"moebench: {m.target}: {'no change' if not m.refused else 'NOT written (nothing to write)'}")
-        else:
-            lines.append(f"moebench: {verb} {m.target} ({len(m.changes)} change{'s' if len(m.changes) != 1 else ''})")
-            lines.extend(m.changes)
-        lines.extend(m.notes)
-    refused, keys = refusal_lines(merges)
-    return lines + refused, keys
-
-
-def refusal_lines(merges: list[Merge]) -> tuple[list[str], list[str]]:
-    """(a line per refused entry naming its case key and first problem, its other problems indented, and a
-    closing line saying what to do; the refused case keys). No lines when none was refused."""
-    lines: list[str] = []
-    refused: list[str] = []
-    for m in merges:
-        for key, problems in sorted(m.refused.items()):
-            refused.append(key)
-            lines.append(f"moebench: {key}: baseline NOT written: {problems[0]}"
-                         + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-            lines.extend(f"  {p}" for p in problems[1:])
-    if refused:
-        lines.append(f"moebench: {len(refused)} entr{'y' if len(refused) == 1 else 'ies'} NOT written "
-                     f"({', '.join(refused)}): {ADVICE_REFUSED}")
-    return lines, refused
