@@ -32,7 +32,7 @@ from moebench.history import load_history
 from moebench.results import ResultsError
 from moebench.decode.engines_report import engines_tables
 from moebench.report import fmt_fixed, fmt_pct, fmt_value, table, tables_text, tally
-from moebench.runs import backend_matrix, compare_runs, load_run, load_runs, merge_runs, resolve_reference
+from moebench.runs import backend_matrix, compare_runs, load_run, merge_runs, resolve_reference
 
 # What a comparison of two runs can say of a case: the gate's verdicts and MISSING.
 VERDICT_NAMES = [v.value for v in Verdict] + [Outcome.MISSING.value]

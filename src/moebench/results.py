@@ -34,79 +34,13 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from moebench.baselines.compare import Comparison, Outcome, Verdict, deciding_metric
-from moebench.baselines.schema import METRIC_RULES, check_fields
 from moebench.metrics import Metric
+from moebench.results_fields import ResultsError, get_field, is_number, metric_from, need, outcome, positive
 
 # The document's version: 1 is the first (files from before the field existed read as 1). A change that
 # an older reader would misread raises it; from_json refuses versions above it.
 RESULTS_VERSION = 1
 _GZIP_MAGIC = b"\x1f\x8b"
-
-
-class ResultsError(ValueError):
-    """A results file that cannot be used; the message is one line naming the file and the field."""
-
-
-def _need(cond: bool, where: str, path: str, what: str) -> None:
-    if not cond:
-        raise ResultsError(f"{where}: {path}: {what}")
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-_KINDS = {str: "a string", dict: "an object", list: "a list", bool: "true or false", float: "a number",
-          int: "an integer"}
-
-
-def _get(d: dict, name: str, kind: type, default: Any, where: str, path: str) -> Any:
-    """d[name] when it is of `kind` (float: any number), `default` when absent or null; otherwise a
-    ResultsError naming the field."""
-    x = d.get(name)
-    if x is None:
-        return default
-    # bool is an int to Python, and `true` is no count
-    ok = _number(x) if kind is float else isinstance(x, kind) and not (kind is int and isinstance(x, bool))
-    _need(ok, where, f"{path}.{name}" if path else name, f"must be {_KINDS[kind]}, got {x!r}")
-    return float(x) if kind is float else x
-
-
-def _positive(n: int, where: str, path: str) -> int:
-    _need(n >= 1, where, path, f"must be at least 1, got {n!r}")
-    return n
-
-
-def _outcome(x: Any, allowed: type, where: str, path: str) -> str:
-    """An outcome field: one of `allowed`'s values (Verdict for what the gate said, Outcome for a row)."""
-    values = [o.value for o in allowed]
-    _need(x in values, where, path, f"must be one of {', '.join(values)}, got {x!r}")
-    return str(x)
-
-
-# A results file's value, unit, rel_tol and noise rules (see schema.METRIC_RULES for why they differ from a
-# baseline's: a run reports the spread it measured, however wide, and a baseline bounds what it stores);
-# a gated value must also be finite, which from_json checks with the `gated` field.
-_RULES = {**METRIC_RULES,
-          "value": (_number, "must be a number"),
-          "unit": (lambda x: isinstance(x, str), "must be a string"),
-          "rel_tol": (lambda x: _number(x) and x >= 0, "must be a number >= 0"),
-          "noise": (lambda x: _number(x) and x >= 0, "must be a number >= 0")}
-
-
-def _metric(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ...] = ()) -> Metric:
-    _need(isinstance(d, dict), where, path, "must be an object")
-    for k in ("value", "unit", "direction"):
-        _need(k in d, where, f"{path}.{k}", "missing")
-    check_fields(d, _RULES, path, lambda ok, p, what: _need(ok, where, p, what))
-    value = float(d["value"])
-    _need(math.isfinite(value) or not gated, where, f"{path}.value",
-          f"a gated metric must be a finite number, got {value!r}")
-    between = d.get("noise_machines")
-    return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
-                  float(d.get("rel_tol", 0.05)), gated, samples,
-                  noise_machines=float(between) if between is not None else None, cliff=d.get("gate") == "cliff",
-                  kind=d.get("kind"), gate_off=d.get("gate") == "none")
 
 
 @dataclass(frozen=True)
@@ -153,19 +87,19 @@ class MetricDoc:
     @classmethod
     def from_json(cls, d: Any, where: str, path: str, samples: tuple[float, ...] = ()) -> MetricDoc:
         """Read one metric; ResultsError names the field at fault."""
-        _need(isinstance(d, dict), where, path, "must be an object")
-        metric = _metric(d, where, path, _get(d, "gated", bool, True, where, path), samples)
-        _get(d, "delta_pct", float, None, where, path)  # checked, not kept: computed from value and baseline
+        need(isinstance(d, dict), where, path, "must be an object")
+        metric = metric_from(d, where, path, get_field(d, "gated", bool, True, where, path), samples)
+        get_field(d, "delta_pct", float, None, where, path)  # checked, not kept: computed from value and baseline
         if d.get("verdict") is None:
             return cls(metric)
-        verdict = Verdict(_outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
-        baseline, rel_tol, noise = (_get(d, k, float, None, where, path)
+        verdict = Verdict(outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
+        baseline, rel_tol, noise = (get_field(d, k, float, None, where, path)
                                     for k in ("baseline", "baseline_rel_tol", "noise_band"))
-        between, assumed = (_get(d, k, float, None, where, path) for k in ("machine_spread", "assumed_machine_spread"))
+        between, assumed = (get_field(d, k, float, None, where, path) for k in ("machine_spread", "assumed_machine_spread"))
         return cls(metric, Comparison(verdict, metric.value, baseline, None, rel_tol, noise,
-                                      _get(d, "reason", str, "", where, path),
-                                      _get(d, "other_machine", bool, False, where, path), between,
-                                      _get(d, "compared_kind", str, None, where, path), assumed))
+                                      get_field(d, "reason", str, "", where, path),
+                                      get_field(d, "other_machine", bool, False, where, path), between,
+                                      get_field(d, "compared_kind", str, None, where, path), assumed))
 
 
 @dataclass
@@ -223,30 +157,30 @@ class CaseDoc:
     @classmethod
     def from_json(cls, c: Any, where: str, path: str) -> CaseDoc:
         """Read one case (`path` names it until its key is known); ResultsError names the field at fault."""
-        _need(isinstance(c, dict), where, path, "must be an object")
-        _need(isinstance(c.get("key"), str) and bool(c["key"]), where, f"{path}.key", "missing")
+        need(isinstance(c, dict), where, path, "must be an object")
+        need(isinstance(c.get("key"), str) and bool(c["key"]), where, f"{path}.key", "missing")
         path = f"cases[{c['key']!r}]"
-        _need(isinstance(c.get("metrics"), dict), where, f"{path}.metrics", "must be an object")
-        verdict = _outcome(c.get("verdict"), Verdict, where, f"{path}.verdict")
-        primary = _get(c, "primary", str, None, where, path)
-        _need(primary is None or primary in c["metrics"], where, f"{path}.primary",
+        need(isinstance(c.get("metrics"), dict), where, f"{path}.metrics", "must be an object")
+        verdict = outcome(c.get("verdict"), Verdict, where, f"{path}.verdict")
+        primary = get_field(c, "primary", str, None, where, path)
+        need(primary is None or primary in c["metrics"], where, f"{path}.primary",
               f"names {primary!r}, which is not among its metrics")
-        samples = _get(c, "samples", list, [], where, path)
-        _need(all(_number(s) and math.isfinite(s) for s in samples), where, f"{path}.samples",
+        samples = get_field(c, "samples", list, [], where, path)
+        need(all(is_number(s) and math.isfinite(s) for s in samples), where, f"{path}.samples",
               "must be finite numbers")
         metrics = {n: MetricDoc.from_json(m, where, f"{path}.metrics.{n}", tuple(samples) if n == primary else ())
                    for n, m in c["metrics"].items()}
-        first = _get(c, "first_measurement", dict, None, where, path)
+        first = get_field(c, "first_measurement", dict, None, where, path)
         if first is not None:  # stored without `gated`: read as informational, so a NaN % does not refuse it
-            first = {n: _metric(m, where, f"{path}.first_measurement.{n}", False) for n, m in first.items()}
-        return cls(c["key"], _get(c, "family", str, "", where, path), verdict, primary, metrics,
-                   _get(c, "info", dict, {}, where, path), _get(c, "group", str, None, where, path),
-                   _get(c, "definition_hash", str, "", where, path), _get(c, "throttled", bool, False, where, path),
-                   _get(c, "nodeid", str, "", where, path), _get(c, "definition", dict, {}, where, path),
-                   _get(c, "clocks", dict, {}, where, path), _get(c, "note", str, "", where, path),
-                   _get(c, "explanation", str, "", where, path), _get(c, "recorded", dict, {}, where, path), first,
-                   _positive(_get(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"),
-                   _get(c, "gpu", dict, None, where, path), _get(c, "wall_s", float, None, where, path))
+            first = {n: metric_from(m, where, f"{path}.first_measurement.{n}", False) for n, m in first.items()}
+        return cls(c["key"], get_field(c, "family", str, "", where, path), verdict, primary, metrics,
+                   get_field(c, "info", dict, {}, where, path), get_field(c, "group", str, None, where, path),
+                   get_field(c, "definition_hash", str, "", where, path), get_field(c, "throttled", bool, False, where, path),
+                   get_field(c, "nodeid", str, "", where, path), get_field(c, "definition", dict, {}, where, path),
+                   get_field(c, "clocks", dict, {}, where, path), get_field(c, "note", str, "", where, path),
+                   get_field(c, "explanation", str, "", where, path), get_field(c, "recorded", dict, {}, where, path), first,
+                   positive(get_field(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"),
+                   get_field(c, "gpu", dict, None, where, path), get_field(c, "wall_s", float, None, where, path))
 
     def row(self) -> Row:
         """The case's line in the closing table, summary.md and the report's index (one function, so their
@@ -299,10 +233,10 @@ class Row:
     @classmethod
     def from_json(cls, r: Any, where: str, path: str) -> Row:
         """Read one row; ResultsError names the field at fault."""
-        _need(isinstance(r, dict), where, path, "must be an object")
+        need(isinstance(r, dict), where, path, "must be an object")
         kinds = {f.name: float if f.name in ("value", "baseline", "delta_pct") else str for f in fields(cls)}
-        values = {n: _get(r, n, k, None if k is float else "", where, path) for n, k in kinds.items()}
-        return cls(**values | {"verdict": _outcome(r.get("verdict"), Outcome, where, f"{path}.verdict")})
+        values = {n: get_field(r, n, k, None if k is float else "", where, path) for n, k in kinds.items()}
+        return cls(**values | {"verdict": outcome(r.get("verdict"), Outcome, where, f"{path}.verdict")})
 
 
 @dataclass
@@ -337,28 +271,28 @@ class ResultsDoc:
     @classmethod
     def from_json(cls, doc: Any, where: str) -> ResultsDoc:
         """Validate a results document (already parsed from JSON); `where` names the file in messages."""
-        _need(isinstance(doc, dict), where, "(top level)", "must be a JSON object (a moebench --results-json file)")
+        need(isinstance(doc, dict), where, "(top level)", "must be a JSON object (a moebench --results-json file)")
         for k in ("hardware_key", "started", "cases"):
-            _need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
+            need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
         version = doc.get("results_version", 1)
-        _need(type(version) is int and 1 <= version <= RESULTS_VERSION, where, "results_version",
+        need(type(version) is int and 1 <= version <= RESULTS_VERSION, where, "results_version",
               f"this moebench reads versions 1..{RESULTS_VERSION}, got {version!r} (a newer moebench wrote it)")
-        _need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
-        _need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
+        need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
+        need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
               f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")
-        _need(isinstance(doc["cases"], list), where, "cases", "must be a list")
+        need(isinstance(doc["cases"], list), where, "cases", "must be a list")
         cases: dict[str, CaseDoc] = {}
         for i, c in enumerate(doc["cases"]):
             case = CaseDoc.from_json(c, where, f"cases[{i}]")
-            _need(case.key not in cases, where, f"cases[{case.key!r}]", "appears twice")
+            need(case.key not in cases, where, f"cases[{case.key!r}]", "appears twice")
             cases[case.key] = case
         rows = [Row.from_json(r, where, f"not_measured[{i}]")
-                for i, r in enumerate(_get(doc, "not_measured", list, [], where, ""))]
+                for i, r in enumerate(get_field(doc, "not_measured", list, [], where, ""))]
         # An older file may lack `finished` or `commit`: the start and "unknown" stand in.
         return cls(doc["hardware_key"], doc["started"], str(doc.get("finished") or doc["started"]),
-                   str(doc.get("commit") or "unknown"), _get(doc, "fingerprint", dict, {}, where, ""), cases, rows,
+                   str(doc.get("commit") or "unknown"), get_field(doc, "fingerprint", dict, {}, where, ""), cases, rows,
                    str(doc.get("moebench_version") or ""),
-                   _get(doc, "memory_ceiling_bytes_per_s", dict, {}, where, ""), where)
+                   get_field(doc, "memory_ceiling_bytes_per_s", dict, {}, where, ""), where)
 
 
 def _iso(s: str) -> bool:
@@ -379,8 +313,8 @@ def entries_by_family(cases: Iterable[CaseDoc], provenance: dict, where: str = "
         entry = c.baseline_entry(provenance, machine)
         if entry is None:
             continue
-        _need(bool(c.family), where, f"cases[{c.key!r}].family", "missing")
-        _need(bool(c.definition_hash), where, f"cases[{c.key!r}].definition_hash", "missing")
+        need(bool(c.family), where, f"cases[{c.key!r}].family", "missing")
+        need(bool(c.definition_hash), where, f"cases[{c.key!r}].definition_hash", "missing")
         out.setdefault(c.family, {})[c.key] = entry
     return out
 
