@@ -104,6 +104,9 @@ MALFORMED = [
     ("rel_tol 1.01", _set(1.01, *LAT, "rel_tol"), f"{A}.metrics.latency_us.rel_tol"),
     ("noise 0.51", _set(0.51, *LAT, "noise"), f"{A}.metrics.latency_us.noise"),
     ("noise 50", _set(50.0, *LAT, "noise"), f"{A}.metrics.latency_us.noise"),
+    # The bounds of what combining runs stores (moebench.baselines.combine): a spread is >= 0, a run counts.
+    ("negative noise_machines", _set(-0.01, *LAT, "noise_machines"), f"{A}.metrics.latency_us.noise_machines"),
+    ("independent_runs 0", _set(0, "entries", "fake[a]", "independent_runs"), f"{A}.independent_runs"),
     # An entry's machine: one of the header's fingerprints, each stored under its own id.
     ("entry names no stored fingerprint", _set("0123abcd0123", "entries", "fake[a]", "fingerprint"),
      f"{A}.fingerprint"),
