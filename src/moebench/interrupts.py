@@ -26,18 +26,38 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated(signal.Signals(signum).name)
 
 
+class _Chained:
+    """moebench's SIGTERM handler over one someone else installed first: theirs runs, then the run ends
+    as Ctrl-C ends it (a handler that raises or exits itself has the last word)."""
+
+    def __init__(self, previous: Callable) -> None:
+        self.previous = previous
+
+    def __call__(self, signum, frame) -> None:
+        self.previous(signum, frame)
+        _raise_terminated(signum, frame)
+
+
 def sigterm_as_interrupt() -> Callable[[], None]:
-    """Make SIGTERM raise Terminated; returns what puts the previous handler back. Only in the main
-    thread, and only over the default handler: a handler someone else installed is theirs."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    """Make SIGTERM raise Terminated, after calling a handler someone else installed first (chained, not
+    replaced); returns what puts the previous handler back. Only in the main thread; a SIGTERM set to be
+    ignored stays ignored, and one handled from C (unknown to Python) is left alone."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous in (signal.SIG_IGN, None):
         return lambda: None
-    signal.signal(signal.SIGTERM, _raise_terminated)
+    mine = _raise_terminated if previous is signal.SIG_DFL else _Chained(previous)
+    signal.signal(signal.SIGTERM, mine)
 
     def restore() -> None:
-        if signal.getsignal(signal.SIGTERM) is _raise_terminated:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if signal.getsignal(signal.SIGTERM) is mine:
+            signal.signal(signal.SIGTERM, previous)
     return restore
+
+
+def _foreign(handler) -> Callable | None:
+    """The handler someone else installed, behind moebench's own where it is chained; None when none."""
+    h = handler.previous if isinstance(handler, _Chained) else handler
+    return h if callable(h) and h not in (_raise_terminated, signal.default_int_handler) else None
 
 
 class CtrlC:
@@ -73,3 +93,6 @@ class CtrlC:
                 # None: a handler installed from C; Python's defaults are the closest to restore.
                 fallback = signal.default_int_handler if s == signal.SIGINT else signal.SIG_DFL
                 signal.signal(s, handler if handler is not None else fallback)
+            theirs = _foreign(previous[signal.SIGTERM])
+            if self.received == "SIGTERM" and theirs is not None:
+                theirs(signal.SIGTERM, None)  # held, not swallowed: their handler hears of it too
