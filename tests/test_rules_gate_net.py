@@ -80,6 +80,27 @@ def test_combined_noise_is_the_widest_spread_of_a_run_or_a_machines_runs_and_noi
     assert t["noise_machines"] == pytest.approx(between, abs=1e-6)
 
 
+def _kernel_run(value: float, machine: str, kind: str | None = "device_kernel") -> dict:
+    e = run(value, machine)
+    e["metrics"] = {"graph_us": {**e["metrics"]["ttft_ms"], "unit": "us", **({"kind": kind} if kind else {})}}
+    return e
+
+
+def test_a_kernel_time_whose_machines_agree_within_1_percent_is_stored_at_3_percent_after_combining():
+    """Combining keeps what a metric is bound by (its kind), so the rule that needs it beside noise_machines
+    fires: two machines 0.1% apart store a device kernel time at rel_tol 0.03. (Combining once dropped the
+    kind, and every promoted kernel entry kept 0.05.)"""
+    combined = combine_entries([_kernel_run(24.30, "gpu-aaaaaaaaaaaa"), _kernel_run(24.35, "gpu-bbbbbbbbbbbb")], KEY)
+    assert combined["metrics"]["graph_us"]["kind"] == "device_kernel"
+    doc, _ = merge_entries(None, HW, "gemm", {}, "2026-12-03T00:00:00Z", {KEY: combined})
+    assert doc["entries"][KEY]["metrics"]["graph_us"]["rel_tol"] == 0.03
+    older = combine_entries([_kernel_run(24.30, "gpu-aaaaaaaaaaaa", kind=None), _kernel_run(24.35, "gpu-bbbbbbbbbbbb")], KEY)
+    assert older["metrics"]["graph_us"]["kind"] == "device_kernel"  # a run from before kinds names none
+    disagree = r"decode\[x\] graph_us: the runs disagree on graph_us\.kind \(device_kernel, host_bound\)"
+    with pytest.raises(BaselineError, match=disagree):
+        combine_entries([_kernel_run(24.30, "gpu-aaaaaaaaaaaa"), _kernel_run(24.35, "gpu-bbbbbbbbbbbb", "host_bound")], KEY)
+
+
 def _proposal(tmp_path: Path, name: str, entry: dict) -> Path:
     """A proposed baseline file (--baseline-propose DIR) holding one entry."""
     doc, _ = merge_entries(None, HW, "decode", {"cpu": {"model": name}}, "2026-12-01T00:00:00Z", {KEY: entry})

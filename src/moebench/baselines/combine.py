@@ -53,6 +53,13 @@ def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
         out["noise_machines"] = round(half_range([statistics.median(v) for v in by_machine.values()]), 6)
     if any(m.get("gate") == "cliff" for m in ms):
         out["gate"] = "cliff"
+    # what the metric is bound by: the tolerance rule needs it beside noise_machines (a kernel time whose
+    # machines agree within 1% gates at 3%), and dropping it here kept that rule from ever firing
+    kinds = {m["kind"] for m in ms if m.get("kind")}
+    if len(kinds) > 1:
+        raise BaselineError(f"{where}: the runs disagree on {name}.kind ({', '.join(sorted(kinds))}): not one case")
+    if kinds:
+        out["kind"] = kinds.pop()
     return out
 
 
