@@ -112,3 +112,30 @@ def test_sglangs_marlin_module_is_planted_when_sglang_imports_it_not_before(tmp_
     assert [marlin.moe_wna16_marlin_gemm(i, f"buf{i}") for i in range(4)] == [0, 1, 2, 3]
     assert marlin.CALLS == ["buf0", None, "buf1", None, "buf2", "buf3"]  # layer 0 (calls 0-1) twice, layer 1 once
     assert not any(isinstance(f, planted._PlantOnImport) for f in sys.meta_path)
+
+
+def test_one_mla_decode_attention_call_in_every_round_1_over_f_runs_twice_when_vllm_imports_it(tmp_path, monkeypatch):
+    """MOEBENCH_PLANT_ATTENTION=F: vLLM's FlashAttnMLAImpl.forward_mqa runs a second time for one call in
+    round(1/F), its first result returned; planted when vLLM imports the backend, not by the plugin."""
+    pkg = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
+    pkg.mkdir(parents=True)
+    for d in [pkg, *pkg.parents][:5]:
+        (d / "__init__.py").write_text("")
+    (pkg / "flashattn_mla.py").write_text("CALLS = []\n\nclass FlashAttnMLAImpl:\n"
+                                          "    def forward_mqa(self, q, cache, meta, layer):\n"
+                                          "        CALLS.append(q)\n        return (q * 2, None)\n")
+    for n in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        monkeypatch.delitem(sys.modules, n)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(str(PLANTED))
+    monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    monkeypatch.delenv("MOEBENCH_PLANT_EXPERTS", raising=False)
+    monkeypatch.setenv("MOEBENCH_PLANT_ATTENTION", "0.25")
+    planted = importlib.import_module("moebench_planted")
+    planted.register()
+    assert planted.VLLM_FA_MLA not in sys.modules  # nothing imported by the plugin itself
+    fa = importlib.import_module(planted.VLLM_FA_MLA)
+    impl = fa.FlashAttnMLAImpl()
+    assert [impl.forward_mqa(i, "kv", "meta", "layer") for i in range(8)] == [(2 * i, None) for i in range(8)]
+    assert fa.CALLS == [0, 0, 1, 2, 3, 4, 4, 5, 6, 7]  # calls 0 and 4 (one in 4) twice

@@ -1,14 +1,20 @@
-"""A deliberate slowdown of vLLM's or SGLang's routed-expert kernel, to prove the decode gate can fail.
+"""A deliberate slowdown of vLLM's or SGLang's routed-expert kernel, or of vLLM's MLA decode attention, to
+prove the decode gate can fail, and fail on the category that moved.
 
 This is a vLLM general plugin (entry point `vllm.general_plugins`) and an SGLang plugin (entry point
 `sglang.srt.plugins`), loaded by every engine process when this folder is on PYTHONPATH: the way a real
 kernel regression arrives (a patched or upgraded engine), from outside the case definition. With MOEBENCH_PLANT_EXPERTS=F (a fraction, e.g. 0.10) it runs the
 Marlin MoE GEMMs of one MoE layer in every round(1/F) a second time into a scratch output, so the routed
 experts' GPU time grows by about F while every result stays what it was (the second call's output is
-discarded). Unset, it does nothing.
+discarded). With MOEBENCH_PLANT_ATTENTION=F (vLLM, FLASH_ATTN_MLA: the H200 Kimi rank's backend) it runs
+the MLA decode attention (FlashAttnMLAImpl.forward_mqa, which returns a new tensor) of one layer call in
+every round(1/F) twice and keeps the first result, so the attention category grows by about F of its
+FlashAttention kernel time and no other category moves: the plant of issue 36 outside the experts. Unset,
+they do nothing.
 
     PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m decode -k "int4 and not server"
     PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m "decode and sglang" -k int4
+    PYTHONPATH=ci/planted MOEBENCH_PLANT_ATTENTION=0.06 pytest benchmarks/ -m decode -k "kimi and int4 and not server and moe_auto"
 
 The calls happen inside the engine's CUDA-graph capture too, so the extra kernels are part of every replay.
 """
@@ -21,6 +27,9 @@ import os
 import sys
 
 
+VLLM_FA_MLA = "vllm.v1.attention.backends.mla.flashattn_mla"
+
+
 def register() -> None:
     """vLLM calls this in each of its processes (general plugin)."""
     every = _every()
@@ -28,6 +37,9 @@ def register() -> None:
         import vllm._custom_ops as ops
 
         _plant(ops, every)
+    attention = _every("MOEBENCH_PLANT_ATTENTION")
+    if attention:  # when vLLM imports its backend: importing it here would load FlashAttention in every process
+        _plant_when_imported(VLLM_FA_MLA, lambda module: _plant_attention(module.FlashAttnMLAImpl, attention))
 
 
 SGLANG_MARLIN = "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"
@@ -42,12 +54,16 @@ def register_sglang() -> None:
     (which SGLang's launcher loads before anything else) pulled in FlashInfer's comm package before
     SGLang's own guarded import of it, failed on `cuda.tile` on the H200 image, and left the plant unapplied."""
     every = _every()
-    if not every:
-        return
-    if SGLANG_MARLIN in sys.modules:
-        _plant(sys.modules[SGLANG_MARLIN], every)
-    elif not any(isinstance(f, _PlantOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PlantOnImport(SGLANG_MARLIN, lambda module: _plant(module, every)))
+    if every:
+        _plant_when_imported(SGLANG_MARLIN, lambda module: _plant(module, every))
+
+
+def _plant_when_imported(name: str, then) -> None:
+    """then(module) now if `name` is imported already, else right after its own import runs."""
+    if name in sys.modules:
+        then(sys.modules[name])
+    elif not any(isinstance(f, _PlantOnImport) and f.name == name for f in sys.meta_path):
+        sys.meta_path.insert(0, _PlantOnImport(name, then))
 
 
 class _PlantOnImport(importlib.abc.MetaPathFinder):
@@ -74,10 +90,30 @@ class _PlantOnImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-def _every() -> int:
-    """One MoE layer in how many runs twice (0: unset, no plant)."""
-    frac = float(os.environ.get("MOEBENCH_PLANT_EXPERTS", "0") or 0)
+def _every(variable: str = "MOEBENCH_PLANT_EXPERTS") -> int:
+    """One call in how many runs twice, from the fraction in `variable` (0: unset, no plant)."""
+    frac = float(os.environ.get(variable, "0") or 0)
     return max(1, round(1 / frac)) if frac > 0 else 0
+
+
+def _plant_attention(impl, every: int) -> None:
+    """Wrap impl.forward_mqa (vLLM's MLA decode attention) so that one call in `every` runs twice; the
+    first result is returned, the second discarded (forward_mqa writes no buffer of the caller's)."""
+    if getattr(impl.forward_mqa, "_moebench_planted", False):
+        return
+    original = impl.forward_mqa
+    calls = [0]
+
+    def planted(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if calls[0] % every == 0:
+            original(self, *args, **kwargs)
+        calls[0] += 1
+        return out
+
+    planted._moebench_planted = True
+    impl.forward_mqa = planted
+    print(f"moebench planted regression: every {every}th MLA decode attention call runs twice", flush=True)
 
 
 def _plant(module, every: int) -> None:
