@@ -89,23 +89,31 @@ def test_sglang_gets_the_same_plant_on_its_fused_marlin_moe_module(monkeypatch):
     assert ep.value == "moebench_planted:register_sglang"
 
 
-def test_sglangs_marlin_module_is_planted_when_sglang_imports_it_not_before(tmp_path, monkeypatch):
-    """The plugin runs first in SGLang's launcher; importing the MoE module from there failed on the H200
-    (FlashInfer's comm package needs cuda.tile). It must wait for SGLang's own import, then plant."""
-    pkg = tmp_path / "sglang" / "srt" / "layers" / "moe" / "fused_moe_triton"
+def _engine_module_not_imported_yet(tmp_path: Path, monkeypatch, dotted: str, code: str):
+    """A fake engine module `dotted` (its packages made, none imported yet), the engine's real package kept
+    out of sys.modules, and moebench_planted importable afresh; returns that plugin module."""
+    *packages, name = dotted.split(".")
+    pkg = tmp_path.joinpath(*packages)
     pkg.mkdir(parents=True)
-    for d in [pkg, *pkg.parents][:5]:
+    for d in [pkg, *pkg.parents][:len(packages)]:
         (d / "__init__.py").write_text("")
-    (pkg / "fused_marlin_moe.py").write_text("CALLS = []\n\ndef moe_wna16_marlin_gemm(a, c, *rest, **kw):\n"
-                                            "    CALLS.append(c)\n    return a\n")
-    for n in [m for m in sys.modules if m == "sglang" or m.startswith("sglang.")]:
+    (pkg / f"{name}.py").write_text(code)
+    for n in [m for m in sys.modules if m == packages[0] or m.startswith(packages[0] + ".")]:
         monkeypatch.delitem(sys.modules, n)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(PLANTED))
     monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
     monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    return importlib.import_module("moebench_planted")
+
+
+def test_sglangs_marlin_module_is_planted_when_sglang_imports_it_not_before(tmp_path, monkeypatch):
+    """The plugin runs first in SGLang's launcher; importing the MoE module from there failed on the H200
+    (FlashInfer's comm package needs cuda.tile). It must wait for SGLang's own import, then plant."""
     monkeypatch.setenv("MOEBENCH_PLANT_EXPERTS", "0.5")
-    planted = importlib.import_module("moebench_planted")
+    planted = _engine_module_not_imported_yet(tmp_path, monkeypatch, "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe",
+                                              "CALLS = []\n\ndef moe_wna16_marlin_gemm(a, c, *rest, **kw):\n"
+                                              "    CALLS.append(c)\n    return a\n")
     planted.register_sglang()
     assert planted.SGLANG_MARLIN not in sys.modules  # nothing imported by the plugin itself
     marlin = importlib.import_module(planted.SGLANG_MARLIN)
@@ -117,22 +125,12 @@ def test_sglangs_marlin_module_is_planted_when_sglang_imports_it_not_before(tmp_
 def test_one_mla_decode_attention_call_in_every_round_1_over_f_runs_twice_when_vllm_imports_it(tmp_path, monkeypatch):
     """MOEBENCH_PLANT_ATTENTION=F: vLLM's FlashAttnMLAImpl.forward_mqa runs a second time for one call in
     round(1/F), its first result returned; planted when vLLM imports the backend, not by the plugin."""
-    pkg = tmp_path / "vllm" / "v1" / "attention" / "backends" / "mla"
-    pkg.mkdir(parents=True)
-    for d in [pkg, *pkg.parents][:5]:
-        (d / "__init__.py").write_text("")
-    (pkg / "flashattn_mla.py").write_text("CALLS = []\n\nclass FlashAttnMLAImpl:\n"
-                                          "    def forward_mqa(self, q, cache, meta, layer):\n"
-                                          "        CALLS.append(q)\n        return (q * 2, None)\n")
-    for n in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
-        monkeypatch.delitem(sys.modules, n)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.syspath_prepend(str(PLANTED))
-    monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
-    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
     monkeypatch.delenv("MOEBENCH_PLANT_EXPERTS", raising=False)
     monkeypatch.setenv("MOEBENCH_PLANT_ATTENTION", "0.25")
-    planted = importlib.import_module("moebench_planted")
+    planted = _engine_module_not_imported_yet(tmp_path, monkeypatch, "vllm.v1.attention.backends.mla.flashattn_mla",
+                                              "CALLS = []\n\nclass FlashAttnMLAImpl:\n"
+                                              "    def forward_mqa(self, q, cache, meta, layer):\n"
+                                              "        CALLS.append(q)\n        return (q * 2, None)\n")
     planted.register()
     assert planted.VLLM_FA_MLA not in sys.modules  # nothing imported by the plugin itself
     fa = importlib.import_module(planted.VLLM_FA_MLA)
