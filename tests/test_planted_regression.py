@@ -100,6 +100,11 @@ def _engine_module_not_imported_yet(tmp_path: Path, monkeypatch, dotted: str, co
     (pkg / f"{name}.py").write_text(code)
     for n in [m for m in sys.modules if m == packages[0] or m.startswith(packages[0] + ".")]:
         monkeypatch.delitem(sys.modules, n)
+    for i in range(1, len(packages) + 2):  # the fake modules go again afterwards, where none was before
+        n = ".".join([*packages, name][:i])
+        if n not in sys.modules:
+            monkeypatch.setitem(sys.modules, n, None)
+            del sys.modules[n]
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(PLANTED))
     monkeypatch.delitem(sys.modules, "moebench_planted", raising=False)
