@@ -244,11 +244,12 @@ def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) ->
 
 
 def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint: dict, now: str,
-                  updates: Mapping[str, dict], refused: dict[str, list[str]] | None = None) -> tuple[dict, list[EntryChange]]:
+                  updates: Mapping[str, dict],
+                  refused: dict[str, list[str]] | None = None) -> tuple[dict, list[EntryChange]]:
     """Return a new document with `updates` (case key -> entry) written over `doc`, and the changes it
-    makes (EntryChange: numbers, which moebench.baseline_lines words). Entries not in `updates` are kept as they are, and so is the header's
-    `fingerprint` (see moebench.baselines.schema); each updated entry names the machine it was measured
-    on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
+    makes (EntryChange: numbers, which moebench.baseline_lines words). Entries not in `updates` are kept
+    as they are, and so is the header's `fingerprint` (see moebench.baselines.schema); each updated entry
+    names the machine it was measured on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
     proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a
     noise too wide to gate, the tolerance rule; a reviewer's stored rel_tol kept); a stored metric the
     update does not measure is dropped, and said so. With `refused` (the writers' way), an entry the schema
@@ -303,7 +304,7 @@ def _keep_named_fingerprints(doc: dict) -> None:
 
 
 def _entry_changes(key: str, old: dict, entry: dict, was: dict, now: dict) -> list[EntryChange]:
-    """Change lines for a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`, its
+    """The changes to a stored entry (recorded on `was`) rewritten by `entry` (measured on `now`, its
     rel_tols already chosen by record.prepare_entry)."""
     changes: list[EntryChange] = []
     stored = old.get("metrics", {})
