@@ -249,8 +249,8 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
     """Return a new document with `updates` (case key -> entry) written over `doc`, and the changes it
     makes (EntryChange: numbers, which moebench.baseline_lines words). Entries not in `updates` are kept
     as they are, and so is the header's `fingerprint` (see moebench.baselines.schema); each updated entry
-    names the machine it was measured on: `fingerprint` (the run's machine) unless the update carries its own as an object (a promoted
-    proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a
+    names the machine it was measured on: `fingerprint` (the run's machine) unless the update carries its
+    own as an object (a promoted proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a
     noise too wide to gate, the tolerance rule; a reviewer's stored rel_tol kept); a stored metric the
     update does not measure is dropped, and said so. With `refused` (the writers' way), an entry the schema
     refuses is left out, the others merged, and its problems go there (case key -> lines); without it
