@@ -14,7 +14,7 @@ they do nothing.
 
     PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m decode -k "int4 and not server"
     PYTHONPATH=ci/planted MOEBENCH_PLANT_EXPERTS=0.10 pytest benchmarks/ -m "decode and sglang" -k int4
-    PYTHONPATH=ci/planted MOEBENCH_PLANT_ATTENTION=0.06 pytest benchmarks/ -m decode -k "kimi and int4 and not server and moe_auto"
+    PYTHONPATH=ci/planted MOEBENCH_PLANT_ATTENTION=0.07 pytest benchmarks/ -m decode -k "kimi and int4 and not server and moe_auto"
 
 The calls happen inside the engine's CUDA-graph capture too, so the extra kernels are part of every replay.
 """

@@ -95,7 +95,8 @@ class MetricDoc:
         verdict = Verdict(outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
         baseline, rel_tol, noise = (get_field(d, k, float, None, where, path)
                                     for k in ("baseline", "baseline_rel_tol", "noise_band"))
-        between, assumed = (get_field(d, k, float, None, where, path) for k in ("machine_spread", "assumed_machine_spread"))
+        between, assumed = (get_field(d, k, float, None, where, path)
+                            for k in ("machine_spread", "assumed_machine_spread"))
         return cls(metric, Comparison(verdict, metric.value, baseline, None, rel_tol, noise,
                                       get_field(d, "reason", str, "", where, path),
                                       get_field(d, "other_machine", bool, False, where, path), between,
@@ -164,23 +165,25 @@ class CaseDoc:
         verdict = outcome(c.get("verdict"), Verdict, where, f"{path}.verdict")
         primary = get_field(c, "primary", str, None, where, path)
         need(primary is None or primary in c["metrics"], where, f"{path}.primary",
-              f"names {primary!r}, which is not among its metrics")
+             f"names {primary!r}, which is not among its metrics")
         samples = get_field(c, "samples", list, [], where, path)
         need(all(is_number(s) and math.isfinite(s) for s in samples), where, f"{path}.samples",
-              "must be finite numbers")
+             "must be finite numbers")
         metrics = {n: MetricDoc.from_json(m, where, f"{path}.metrics.{n}", tuple(samples) if n == primary else ())
                    for n, m in c["metrics"].items()}
         first = get_field(c, "first_measurement", dict, None, where, path)
         if first is not None:  # stored without `gated`: read as informational, so a NaN % does not refuse it
             first = {n: metric_from(m, where, f"{path}.first_measurement.{n}", False) for n, m in first.items()}
-        return cls(c["key"], get_field(c, "family", str, "", where, path), verdict, primary, metrics,
-                   get_field(c, "info", dict, {}, where, path), get_field(c, "group", str, None, where, path),
-                   get_field(c, "definition_hash", str, "", where, path), get_field(c, "throttled", bool, False, where, path),
-                   get_field(c, "nodeid", str, "", where, path), get_field(c, "definition", dict, {}, where, path),
-                   get_field(c, "clocks", dict, {}, where, path), get_field(c, "note", str, "", where, path),
-                   get_field(c, "explanation", str, "", where, path), get_field(c, "recorded", dict, {}, where, path), first,
-                   positive(get_field(c, "independent_runs", int, 1, where, path), where, f"{path}.independent_runs"),
-                   get_field(c, "gpu", dict, None, where, path), get_field(c, "wall_s", float, None, where, path))
+
+        def get(name: str, kind: type, default: Any) -> Any:
+            return get_field(c, name, kind, default, where, path)
+
+        return cls(c["key"], get("family", str, ""), verdict, primary, metrics, get("info", dict, {}),
+                   get("group", str, None), get("definition_hash", str, ""), get("throttled", bool, False),
+                   get("nodeid", str, ""), get("definition", dict, {}), get("clocks", dict, {}), get("note", str, ""),
+                   get("explanation", str, ""), get("recorded", dict, {}), first,
+                   positive(get("independent_runs", int, 1), where, f"{path}.independent_runs"),
+                   get("gpu", dict, None), get("wall_s", float, None))
 
     def row(self) -> Row:
         """The case's line in the closing table, summary.md and the report's index (one function, so their
@@ -276,10 +279,10 @@ class ResultsDoc:
             need(k in doc, where, k, "missing (is this a moebench --results-json file?)")
         version = doc.get("results_version", 1)
         need(type(version) is int and 1 <= version <= RESULTS_VERSION, where, "results_version",
-              f"this moebench reads versions 1..{RESULTS_VERSION}, got {version!r} (a newer moebench wrote it)")
+             f"this moebench reads versions 1..{RESULTS_VERSION}, got {version!r} (a newer moebench wrote it)")
         need(isinstance(doc["hardware_key"], str), where, "hardware_key", "must be a string")
         need(isinstance(doc["started"], str) and _iso(doc["started"]), where, "started",
-              f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")
+             f"must be an ISO date like 2026-11-29T22:04:32Z, got {doc['started']!r}")
         need(isinstance(doc["cases"], list), where, "cases", "must be a list")
         cases: dict[str, CaseDoc] = {}
         for i, c in enumerate(doc["cases"]):

@@ -26,7 +26,7 @@ def is_number(x: Any) -> bool:
 
 
 KINDS = {str: "a string", dict: "an object", list: "a list", bool: "true or false", float: "a number",
-          int: "an integer"}
+         int: "an integer"}
 
 
 def get_field(d: dict, name: str, kind: type, default: Any, where: str, path: str) -> Any:
@@ -58,10 +58,10 @@ def outcome(x: Any, allowed: type, where: str, path: str) -> str:
 # baseline's: a run reports the spread it measured, however wide, and a baseline bounds what it stores);
 # a gated value must also be finite, which from_json checks with the `gated` field.
 RULES = {**METRIC_RULES,
-          "value": (is_number, "must be a number"),
-          "unit": (lambda x: isinstance(x, str), "must be a string"),
-          "rel_tol": (lambda x: is_number(x) and x >= 0, "must be a number >= 0"),
-          "noise": (lambda x: is_number(x) and x >= 0, "must be a number >= 0")}
+         "value": (is_number, "must be a number"),
+         "unit": (lambda x: isinstance(x, str), "must be a string"),
+         "rel_tol": (lambda x: is_number(x) and x >= 0, "must be a number >= 0"),
+         "noise": (lambda x: is_number(x) and x >= 0, "must be a number >= 0")}
 
 
 def metric_from(d: Any, where: str, path: str, gated: bool, samples: tuple[float, ...] = ()) -> Metric:
@@ -72,7 +72,7 @@ def metric_from(d: Any, where: str, path: str, gated: bool, samples: tuple[float
     check_fields(d, RULES, path, lambda ok, p, what: need(ok, where, p, what))
     value = float(d["value"])
     need(math.isfinite(value) or not gated, where, f"{path}.value",
-          f"a gated metric must be a finite number, got {value!r}")
+         f"a gated metric must be a finite number, got {value!r}")
     between = d.get("noise_machines")
     return Metric(value, d["unit"], d["direction"], float(d.get("noise", 0.0)), d.get("n", 1),
                   float(d.get("rel_tol", 0.05)), gated, samples,

@@ -152,9 +152,9 @@ def implausible(metrics: dict[str, Metric], floor_ms: float | None = None) -> st
 
 def burst_phrase(trials: list[Trial]) -> str | None:
     """Where a quarter or more of the chunks of a measured trial arrived all but together with the one
-    before (under 1% of the trial's mean time per chunk apart), the worst such trial in words ("trial 1: 126 of the 127
-    chunks after the first came under 0.07 ms after the one before, the last 902.0 ms after the
-    request"), else None. Such a stream was held back and flushed, whole or in parts, by its host: a
+    before (under 1% of the trial's mean time per chunk apart), the worst such trial in words ("trial 1:
+    126 of the 127 chunks after the first came under 0.07 ms after the one before, the last 902.0 ms
+    after the request"), else None. Such a stream was held back and flushed, whole or in parts, by its host: a
     stream whose chunks carry several tokens each still has them spaced."""
     worst = None
     for i, t in enumerate(trials):
