@@ -197,7 +197,11 @@ def test_the_breakdown_table_shows_each_category_against_its_baseline():
     assert t.header[0] == "category" and all(len(r) == len(t.header) for r in rows)
     assert title.startswith("decode step breakdown: decode[x] (3 profiled steps, annotations")
     by_name = {r[0]: r for r in rows}
-    assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "29.2%", "0.020", "+25.0%", "41.0%"]
+    # kernel time, its share of the busy time (no overlap in the fixture: the same 25 us, 29.2% of 85.5),
+    # then the kernel time's baseline and delta
+    assert by_name["routed experts (gated)"] == ["routed experts (gated)", "0.025", "0.025", "29.2%", "0.020",
+                                                 "+25.0%", "41.0%"]
+    assert by_name["GPU busy"][2:4] == ["0.086", "100.0%"] and by_name["overlap (kernel time - GPU busy)"][1] == "0.000"
     assert "communication" not in {r[0].split(" (")[0] for r in rows}  # no kernel, no row
     assert by_name["host gap (step - GPU busy)"][1] == "0.115"  # 0.2 - 0.0855
 
@@ -225,3 +229,18 @@ def test_overlapping_kernels_share_the_busy_time_and_the_overlap_is_reported():
     assert doc["gpu_busy_ms_per_step"] == 0.06 and doc["overlap_ms_per_step"] == 0.02
     assert sum(c.get("busy_share_ms_per_step", 0) for c in cats.values()) == pytest.approx(doc["gpu_busy_ms_per_step"])
     assert cats["dense_gemms"]["top_kernels"] == [["nvjet_tst_64x8", 0.03]]
+
+
+def test_busy_shares_follow_the_engines_own_rules_not_only_the_category_map():
+    # an engine's rules put a kernel the map calls `other` into norms: its busy share must go there too
+    # (the first SGLang traces on the H200 gave GLM-5's `other` 0.61 ms/step of busy share but 0.007 of kernel time)
+    ks = [Kernel("moebench_w4_mma", 0.0, 40.0, "kernel"), Kernel("mystery_kernel_xyz", 50.0, 10.0, "kernel")]
+
+    def engine_rules(k):
+        return "norms_elementwise" if k.name == "mystery_kernel_xyz" else category(k)
+
+    doc = breakdown(Steps([ks], "graph launches"), classify=engine_rules).to_json()
+    cats = doc["categories"]
+    for c, v in cats.items():  # a category's share of the busy time never exceeds its kernel time
+        assert v.get("busy_share_ms_per_step", 0) <= v["ms_per_step"] + 1e-9, c
+    assert cats["norms_elementwise"]["busy_share_ms_per_step"] == 0.01

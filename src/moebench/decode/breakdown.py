@@ -100,7 +100,7 @@ def breakdown(steps: Steps, classify: Callable[[Kernel], str] = category) -> Bre
             cat = classify(k)
             per_step[cat][i] += k.dur / 1e3
             by_name[cat][k.name[:120]] += k.dur / 1e3 / steps.count
-        for c, us in busy_shares(ks, category).items():
+        for c, us in busy_shares(ks, classify).items():  # the same rules as the kernel times
             shares[c] += us / 1e3 / steps.count
         busy.append(busy_us(ks) / 1e3)
     top = {c: sorted(names.items(), key=lambda kv: -kv[1])[:5] for c, names in by_name.items()}

@@ -1,4 +1,9 @@
-"""The decode step breakdown as a table: per category ms/step, share, baseline, delta and % of floor.
+"""The decode step breakdown as a table: per category its kernel time, its share of the GPU busy time,
+the kernel time's baseline and delta, and % of floor.
+
+Kernels on two streams overlap (a shared expert beside the routed ones), so the kernel times add up to
+more than the busy time; the busy column splits each busy microsecond among the kernels running in it,
+and adds up to the GPU busy row, the overlap row saying by how much the kernel times exceed it.
 
 Reads cases as the results document holds them (moebench.results.CaseDoc), so the terminal summary, the
 markdown summary and `moebench report` render the same table from the same data. breakdown_tables is
@@ -14,7 +19,7 @@ from moebench.decode.categories import CATEGORIES, LABELS
 from moebench.report import Table, fmt_fixed, fmt_pct
 from moebench.results import CaseDoc
 
-HEADER = ["category", "ms/step", "share", "baseline", "delta", "% of floor"]
+HEADER = ["category", "kernel ms/step", "busy ms/step", "busy share", "baseline", "delta", "% of floor"]
 
 
 def breakdown_tables(cases: Iterable[CaseDoc]) -> list[Table]:
@@ -29,18 +34,20 @@ def breakdown_tables(cases: Iterable[CaseDoc]) -> list[Table]:
             m = case.metrics.get(name)
             return m.metric.value if m is not None else None
 
+        busy = value(f"{PREFIX}gpu_busy_ms")
         rows = []
         for c in CATEGORIES:
             m = case.metrics.get(f"{PREFIX}{c}_ms")
-            share = bd["categories"].get(c, {}).get("share")
             if m is None or (not m.metric.value and not m.baseline):
                 continue  # a category with no kernel in this step (communication on one GPU)
-            floor = value(f"pct_of_floor_{c}")
-            rows.append([LABELS[c] + (" (gated)" if m.gated else ""), fmt_fixed(m.metric.value),
-                         fmt_pct(None if share is None else 100 * share), fmt_fixed(m.baseline),
-                         fmt_pct(m.delta_pct, signed=True), fmt_pct(floor)])
-        rows.append(["GPU busy", fmt_fixed(value(f"{PREFIX}gpu_busy_ms")), "", "", "", ""])
-        rows.append(["host gap (step - GPU busy)", fmt_fixed(value(f"{PREFIX}host_gap_ms")), "", "", "", ""])
+            busy_ms = bd["categories"].get(c, {}).get("busy_share_ms_per_step")  # absent in older results
+            share = 100 * busy_ms / busy if busy_ms is not None and busy else None
+            rows.append([LABELS[c] + (" (gated)" if m.gated else ""), fmt_fixed(m.metric.value), fmt_fixed(busy_ms),
+                         fmt_pct(share), fmt_fixed(m.baseline), fmt_pct(m.delta_pct, signed=True),
+                         fmt_pct(value(f"pct_of_floor_{c}"))])
+        rows.append(["overlap (kernel time - GPU busy)", fmt_fixed(bd.get("overlap_ms_per_step")), "", "", "", "", ""])
+        rows.append(["GPU busy", "", fmt_fixed(busy), fmt_pct(100.0 if busy else None), "", "", ""])
+        rows.append(["host gap (step - GPU busy)", fmt_fixed(value(f"{PREFIX}host_gap_ms")), "", "", "", "", ""])
         title = (f"decode step breakdown: {case.key} ({bd.get('steps')} profiled steps, {bd.get('source')}; "
                  f"steady {fmt_fixed(value('ms_per_token'))} ms/token)")
         out.append(Table(title, HEADER, rows))
