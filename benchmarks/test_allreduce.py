@@ -8,7 +8,7 @@ cases read their results. `full` holds the bulk of the axes' product (see cases.
 import pytest
 
 from moebench.allreduce.cases import AllreduceCase, all_cases, in_default_selection
-from moebench.unmeasured import declare_cases
+from moebench.suite.unmeasured import declare_cases
 
 pytestmark = pytest.mark.allreduce
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from moebench import selection
+from moebench.suite import selection
 from moebench.decode.options import DEFAULT_SCENARIOS, apply_overrides, overrides_from
 from moebench.decode.runner import run_case
 from moebench.decode.scenarios import ScenarioError, cases_of, load_scenarios
-from moebench.unmeasured import declare_cases
+from moebench.suite.unmeasured import declare_cases
 
 
 def _cases(config: pytest.Config):

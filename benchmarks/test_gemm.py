@@ -14,7 +14,7 @@ import pytest
 from moebench.gemm.backends import BACKENDS
 from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
 from moebench.plugin import marker_names_in
-from moebench.unmeasured import declare_cases
+from moebench.suite.unmeasured import declare_cases
 
 pytestmark = pytest.mark.gemm
 
@@ -77,7 +77,7 @@ def test_gemm(case: GemmCase, moebench, request):
     checked = runner.check(built, wl, backend.error_bounds.get(case.dtype), key=case.key)
     # The expert GEMMs stream weights and write a few KB: their floor is bytes over the read ceiling.
     ceiling = moebench.ceiling(device, "read")
-    # chart: the report draws the backends of one model, op and dtype side by side over M (moebench.charts)
+    # chart: the report draws the backends of one model, op and dtype side by side over M (moebench.outputs.charts)
     chart = {"panel": f"{case.model} tp{case.tp} {case.op} {case.dtype} {case.routing}", "x": case.m,
              "x_label": "M (tokens per step)", "series": case.backend}
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import pytest
 
-from moebench.method import cpu_timer_method, gpu_timer_method
-from moebench.kinds import DEVICE_KERNEL, timed_on
-from moebench.metrics import Metric
+from moebench.core.method import cpu_timer_method, gpu_timer_method
+from moebench.core.kinds import DEVICE_KERNEL, timed_on
+from moebench.core.metrics import Metric
 from moebench.selfcheck import CopyWork, aa_check, interleaved, sensitivity_check
-from moebench.timing import StopRule
+from moebench.core.timing import StopRule
 
 pytestmark = pytest.mark.selfcheck
 
@@ -42,7 +42,7 @@ def _work(device: str, scale: float = 1.0) -> CopyWork:
 
 def _definition(work: CopyWork, mode: str = "graph", **axes) -> dict:
     # A CPU copy is timed in one thread (CopyWork.time). The method (timer, warm-up, stopping rule) is
-    # part of the definition: a changed timer makes the stored entries STALE (moebench.method).
+    # part of the definition: a changed timer makes the stored entries STALE (moebench.core.method).
     method = (cpu_timer_method(RULE) if work.device == "cpu"
               else gpu_timer_method(RULE, mode=mode, l2=f"{work.rotate} rotated buffers of {work.nbytes} bytes"))
     return {**axes, "bytes": work.nbytes, "device": work.device, "method": method,
@@ -102,7 +102,7 @@ def test_sensitivity_5pct_larger_is_slower(moebench):
 def test_graph_timer_agrees_with_do_bench(moebench):
     torch = pytest.importorskip("torch")
     testing = pytest.importorskip("triton.testing")
-    from moebench.timing import capture_graph, graph_timer
+    from moebench.core.timing import capture_graph, graph_timer
 
     # ~10 us of bf16 matmul on an H200. Both timers time the same work: one CUDA graph of R matmuls,
     # ours through graph_timer (events around replays, our stopping rule), Triton's do_bench around

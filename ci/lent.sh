@@ -97,7 +97,7 @@ fi
 [ "$site" = none ] && site=""
 # A PYTHONPATH entry does not read .pth files: the folders they add go on it too (CuTe DSL's, for SGLang).
 site_path=$site
-[ -z "$site" ] || site_path=$(PYTHONPATH="$root/src" "$py" -m moebench.sites "$site") || die "cannot read --site $site"
+[ -z "$site" ] || site_path=$(PYTHONPATH="$root/src" "$py" -m moebench.core.sites "$site") || die "cannot read --site $site"
 export PYTHONPATH="$root/src${site_path:+:$site_path}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0
 [ "$dry" = 1 ] && echo "PYTHONPATH=$PYTHONPATH"
 # NVLink multicast stays off on shared hosts (see the device notes).

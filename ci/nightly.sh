@@ -151,8 +151,8 @@ esac
 # --- keep the run, compare it with the previous one of this job, find change points, plot the trends.
 loads() {  # loads FILE: whether moebench reads FILE as a results file
   "$py" -c 'import sys
-from moebench.results import ResultsError
-from moebench.runs import load_run
+from moebench.results.document import ResultsError
+from moebench.history.runs import load_run
 try:
     load_run(sys.argv[1])
 except ResultsError:
@@ -177,7 +177,7 @@ if [ -f "$out/results.json" ]; then
     echo "== could not keep the run in $keep"; kept=""; report_rc=1
   fi
   if [ -n "$prev" ]; then
-    "$py" -m moebench.cli compare "$prev" "$out/results.json" >"$out/compare-previous.txt" 2>&1
+    "$py" -m moebench compare "$prev" "$out/results.json" >"$out/compare-previous.txt" 2>&1
     echo "== against the previous $job run ($(basename "$prev")): $(tail -n 1 "$out/compare-previous.txt")"
     if [ -n "${GITHUB_STEP_SUMMARY:-}" ]; then
       { echo; echo "<details><summary>moebench $job: this run against the previous one</summary>"; echo;
@@ -190,7 +190,7 @@ if [ -f "$out/results.json" ]; then
   with_changes=()
   if "$py" -c 'import ruptures' 2>/dev/null; then
     echo "== change points over this job's history ($keep):"
-    "$py" -m moebench.cli changes "$keep" "${with_baselines[@]}" --acknowledged "$acknowledged" \
+    "$py" -m moebench changes "$keep" "${with_baselines[@]}" --acknowledged "$acknowledged" \
       --json "$out/changes.json" --markdown "$out/changes.md" 2>&1 | tee "$out/changes.txt"
     changes_rc=${PIPESTATUS[0]}
     if [ -f "$out/changes.md" ]; then
@@ -211,7 +211,7 @@ if [ -f "$out/results.json" ]; then
     [ -f "$out/changes.json" ] || skipped_named='^$^'
     with_note=()
     [ -s "$unwritten" ] && with_note=(--note "$unwritten")
-    { "$py" -m moebench.cli report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" "${with_changes[@]}" \
+    { "$py" -m moebench report "${runs[@]:$first}" --out "$out/report" "${with_baselines[@]}" "${with_changes[@]}" \
         "${with_note[@]}" \
         2>&1 1>&3 | grep -v "$skipped_named" >&2; plot_rc=${PIPESTATUS[0]}; } 3>&1
     [ "$plot_rc" -eq 0 ] || report_rc=$plot_rc

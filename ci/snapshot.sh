@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Snapshot the machine a run measured on, into DIR (default: out/machine):
-#   fingerprint.json   moebench.hardware.fingerprint() (NVML, no CUDA init) and the hardware key
+#   fingerprint.json   moebench.core.hardware.fingerprint() (NVML, no CUDA init) and the hardware key
 #   nvidia-smi.txt     `nvidia-smi -q` (clocks, power, ECC, driver), when nvidia-smi is present
 #   topology.txt       `nvidia-smi topo -m` (NVLink / PCIe paths between the GPUs)
 #   system.txt         kernel, CPU, memory, commit, and the CUDA_* / NCCL_* / VLLM_* environment
@@ -13,7 +13,7 @@ py="${PYTHON:-python3}"
 mkdir -p "$dir"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 
-"$py" -c 'import json; from moebench.hardware import fingerprint, hardware_key
+"$py" -c 'import json; from moebench.core.hardware import fingerprint, hardware_key
 fp = fingerprint()
 print(json.dumps({"hardware_key": hardware_key(fp), "fingerprint": fp}, indent=2, sort_keys=True))' \
   >"$dir/fingerprint.json" 2>"$dir/fingerprint.err" || echo "snapshot: fingerprint failed, see $dir/fingerprint.err" >&2

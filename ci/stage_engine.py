@@ -40,7 +40,7 @@ from pathlib import Path
 from packaging.requirements import InvalidRequirement, Requirement  # pip's own; the GPU image has it too
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # this checkout's moebench (stdlib only here)
-from moebench.sites import site_paths  # noqa: E402
+from moebench.core.sites import site_paths  # noqa: E402
 
 MANIFEST = "manifest.json"
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (35, 34, 31, 28, 27, 26, 24, 17, 5)] + [

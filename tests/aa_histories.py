@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
-from moebench.changes import RunPoint, Series, find_changes  # noqa: E402
+from moebench.history.changes import RunPoint, Series, find_changes  # noqa: E402
 
 NIGHTS = 30
 

@@ -97,7 +97,7 @@ class FakeNvml:
 @pytest.fixture
 def fake_nvml(monkeypatch: pytest.MonkeyPatch):
     """Install a FakeNvml as the machine's NVML: fake_nvml(mask) -> the fake, all GPUs visible."""
-    from moebench import hardware
+    from moebench.core import hardware
 
     def install(mask: int = 0, **kw) -> FakeNvml:
         nvml = FakeNvml(mask, **kw)
@@ -116,7 +116,7 @@ import pathlib
 
 import pytest
 
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 HERE = pathlib.Path(__file__).parent
 
@@ -203,7 +203,7 @@ class FakeBench:
                        fingerprint: dict | None = None, root: Path | None = None) -> Path:
         """Store a gemm baseline file for the fake cases ('a' -> latency_us value), as an update on this
         machine would have written it (same definition hashes, this machine's fingerprint)."""
-        from moebench import hardware, provenance
+        from moebench.core import hardware, provenance
         from moebench.baselines.store import dumps, merge_entries
 
         entries = {}

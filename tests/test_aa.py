@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from moebench import aa
+from moebench.history import aa
 from moebench.baselines.store import load_file
-from moebench.cli import main
+from moebench.cli.main import main
 from conftest import HW, UNRELATED_PLUGINS
 
 

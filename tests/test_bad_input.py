@@ -12,7 +12,7 @@ import os
 import pytest
 
 from moebench.baselines.store import load_file
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
 

@@ -1,4 +1,4 @@
-"""The memory ceilings (moebench.bandwidth): what each counts as moved, and which one the floors of
+"""The memory ceilings (moebench.core.bandwidth): what each counts as moved, and which one the floors of
 read-dominated work divide by. CPU only; the gemm case runs through the plugin with the ceilings faked."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from moebench import bandwidth  # noqa: E402
-from moebench.timing import StopRule  # noqa: E402
+from moebench.core import bandwidth  # noqa: E402
+from moebench.core.timing import StopRule  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 THREE = StopRule(min_samples=3, max_samples=3)
@@ -49,7 +49,7 @@ def test_a_read_that_does_not_sum_its_input_is_refused(monkeypatch):
 
 # Faked ceilings for the end-to-end run: copy and read differ, so a floor shows which one it used.
 FAKE_CEILINGS = '''
-from moebench import bandwidth
+from moebench.core import bandwidth
 
 bandwidth.measure_ceiling = lambda device, kind="copy": {"copy": 1e9, "read": 4e9}[kind]
 '''
@@ -76,7 +76,7 @@ def test_decode_floor_divides_by_the_read_ceiling():
     divide by the read ceiling, and the floor's record says which ceiling it used."""
     from moebench.decode.runner import floor_metrics
     from moebench.decode.scenarios import DecodeCase, load_scenarios
-    from moebench.metrics import Metric
+    from moebench.core.metrics import Metric
 
     [s] = [x for x in load_scenarios(REPO / "benchmarks" / "decode_scenarios.toml") if x.name == "kimi-k2.5-shard"]
     asked = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench import hardware
+from moebench.core import hardware
 from moebench.baselines.store import load_file
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
@@ -140,11 +140,11 @@ SIGNAL_CONFTEST = '''
 import os
 import signal
 
-import moebench.hardware
+import moebench.core.hardware
 
 PHASE = os.environ.get("MOEBENCH_TEST_PHASE")
 SIGNAL = getattr(signal, os.environ.get("MOEBENCH_TEST_SIGNAL", "SIGINT"))
-_fingerprint, _clock_monitor, _replace = moebench.hardware.fingerprint, moebench.hardware.clock_monitor, os.replace
+_fingerprint, _clock_monitor, _replace = moebench.core.hardware.fingerprint, moebench.core.hardware.clock_monitor, os.replace
 _measured = []
 # Python's own Ctrl-C handler, as in a terminal: a run started in the background of a non-interactive
 # shell inherits SIGINT ignored, and the signal below would then do nothing.
@@ -170,7 +170,7 @@ def replace(src, dst, **kw):
     return _replace(src, dst, **kw)
 
 
-moebench.hardware.fingerprint, moebench.hardware.clock_monitor, os.replace = fingerprint, clock_monitor, replace
+moebench.core.hardware.fingerprint, moebench.core.hardware.clock_monitor, os.replace = fingerprint, clock_monitor, replace
 '''
 
 HELD = "while writing files: held until the files above were written in full"

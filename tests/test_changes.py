@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aa_histories import CaseSpread, committed_cases, history, nights_to_detect
-from moebench.changes import RunPoint, Series, find_changes, series_noise
+from moebench.history.changes import RunPoint, Series, find_changes, series_noise
 
 pytest.importorskip("ruptures", reason="ruptures (the history extra) is not installed")
 

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from history_fixtures import HW, STEP_CASE, step, write_history
-from moebench.changes_cli import read_changes
-from moebench.cli import main
+from moebench.cli.changes import read_changes
+from moebench.cli.main import main
 
 pytest.importorskip("ruptures", reason="ruptures (the history extra) is not installed")
 

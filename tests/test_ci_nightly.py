@@ -25,7 +25,7 @@ def env(tmp_path: Path) -> dict:
 
 
 def cpu_hardware_key(e: dict) -> str:
-    r = subprocess.run([sys.executable, "-c", "from moebench.hardware import hardware_key; print(hardware_key())"],
+    r = subprocess.run([sys.executable, "-c", "from moebench.core.hardware import hardware_key; print(hardware_key())"],
                        env={**e, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(REPO / "src")}, capture_output=True,
                        text=True, timeout=60, check=True)
     return r.stdout.strip()

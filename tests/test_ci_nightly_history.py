@@ -25,8 +25,8 @@ import json, os, sys, time
 if sys.argv[1:3] != ["-m", "pytest"]:
     os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
 sys.path.insert(0, {str(REPO / "src")!r})
-from moebench.report import write_markdown
-from moebench.results import ResultsDoc
+from moebench.outputs.report import write_markdown
+from moebench.results.document import ResultsDoc
 arg = lambda name: sys.argv[sys.argv.index(name) + 1]
 doc = json.load(open(os.environ["STUB_RESULTS"]))
 doc["started"] = doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

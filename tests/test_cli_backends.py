@@ -6,10 +6,10 @@ import copy
 import json
 from pathlib import Path
 
-from moebench.cli import main
-from moebench.report import fmt_value
-from moebench.results import CaseDoc, ResultsDoc
-from moebench.runs import backend_matrix, key_without, load_run, shape_group
+from moebench.cli.main import main
+from moebench.outputs.report import fmt_value
+from moebench.results.document import CaseDoc, ResultsDoc
+from moebench.history.runs import backend_matrix, key_without, load_run, shape_group
 
 GEMM = Path(__file__).resolve().parents[1] / "tests" / "data" / "gemm-tiny-cpu.json"
 SHAPE = "tiny-tp8-gemm1-m4-bf16-decode"
@@ -79,7 +79,7 @@ def test_default_reference_is_vllm_triton_when_present(capsys):
 
 
 def test_decode_backends_side_by_side_show_ms_per_token_and_the_experts_ms_per_step(tmp_path, capsys):
-    from moebench.cli import main
+    from moebench.cli.main import main
 
     def case(backend: str, ms: float, experts: float) -> dict:
         group = "decode[kimi-k2.5-shard-vllm-tp1-bf16-attn_auto-graph-p64-o128]"

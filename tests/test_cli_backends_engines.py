@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from moebench.cli import main
-from moebench.runs import backend_matrix, load_run, merge_runs
+from moebench.cli.main import main
+from moebench.history.runs import backend_matrix, load_run, merge_runs
 
 DATA = Path(__file__).resolve().parent / "data"
 VLLM = DATA / "results-decode-engines-synthetic-vllm.json"

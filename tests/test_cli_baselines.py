@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from moebench.baselines.store import load_file
-from moebench.cli import main
+from moebench.cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 RUN1 = DATA / "selfcheck-h200-1.json"

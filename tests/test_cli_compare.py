@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench.cli import main
+from moebench.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data"
@@ -135,7 +135,7 @@ def test_malformed_file_is_one_line_exit_2(tmp_path, capsys, content, expect):
 def test_process_level_exit_codes_and_no_traceback(tmp_path):
     """Through the interpreter, as the console script runs it: exit codes and stderr."""
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "moebench.cli", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "moebench.cli.main", *args], capture_output=True, text=True,
                               cwd=REPO, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}, timeout=60)
 
     r = run("compare", str(H200), str(tmp_path / "nope.json"))
@@ -152,7 +152,7 @@ def test_process_level_exit_codes_and_no_traceback(tmp_path):
 
 
 def test_case_patterns_treat_brackets_literally():
-    from moebench.cli_common import glob_match
+    from moebench.cli.common import glob_match
 
     assert glob_match("gemm[tiny-tp8-gemm1-m4-bf16-decode-triton]", "gemm[tiny-tp8-gemm1-m4-*]")
     assert glob_match("selfcheck[copy-64MiB-cpu]", "selfcheck[*]")

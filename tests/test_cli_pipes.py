@@ -19,7 +19,7 @@ def test_baselines_show_into_a_closed_pipe_exits_0_without_a_message(tmp_path):
         (tmp_path / f"hw-{i:02d}").mkdir()
         shutil.copy(GEMM, tmp_path / f"hw-{i:02d}" / "gemm.json")
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
-    proc = subprocess.Popen([sys.executable, "-m", "moebench.cli", "baselines", "show", str(tmp_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "moebench.cli.main", "baselines", "show", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     first = proc.stdout.readline()  # what `head -1` takes, then it exits
     proc.stdout.close()

@@ -11,7 +11,7 @@ import pytest
 from moebench.baselines.combine import combine_entries, half_range
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import load_file
-from moebench.cli import main
+from moebench.cli.main import main
 
 DATA = Path(__file__).resolve().parent / "data"
 RUN = DATA / "selfcheck-h200-1.json"
@@ -98,7 +98,7 @@ def test_promote_of_one_run_names_its_machine(tmp_path):
 
 @pytest.mark.parametrize("runs, ok", [(3, True), (1, True), (0, False), (True, False), ("3", False)])
 def test_a_results_file_carries_the_engine_instances_of_a_case(runs, ok):
-    from moebench.results import ResultsDoc, ResultsError
+    from moebench.results.document import ResultsDoc, ResultsError
 
     doc = json.loads(RUN.read_text())
     doc["cases"][0]["independent_runs"] = runs

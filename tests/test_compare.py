@@ -16,7 +16,7 @@ from moebench.baselines.compare import (
     compare_metric,
     failing,
 )
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 V = Verdict
 
@@ -134,8 +134,8 @@ def test_failing(verdict):
 
 def test_one_display_order_for_every_table_follows_the_gates_severity():
     from moebench.baselines.compare import DISPLAY_ORDER, display_rank
-    from moebench.report import sorted_rows, tally
-    from moebench.results import Row
+    from moebench.outputs.report import sorted_rows, tally
+    from moebench.results.document import Row
 
     # The order itself, spelled out: it is the specification (SEVERITY and DISPLAY_ORDER are both read
     # from Outcome's declaration, so comparing one with the other could never fail).

@@ -10,7 +10,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
-from moebench.compat import version_problem
+from moebench.suite.compat import version_problem
 
 REPO = Path(__file__).resolve().parents[1]
 # The GPU image's pair (it cannot install anything) and the newest pair .ci/run tests.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moebench import provenance
+from moebench.core import provenance
 from moebench.baselines.store import load_file, other_hardware_entries
 from moebench.decode.scenarios import cases_of, load_scenarios
 

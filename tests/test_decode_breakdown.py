@@ -16,7 +16,7 @@ from moebench.decode import trace
 from moebench.decode.breakdown import breakdown, breakdown_metrics, combine_instances, moved_most
 from moebench.decode.categories import category
 from moebench.decode.trace import Kernel, Steps, TraceError, busy_us, load_events, split_steps
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 FIXTURE = Path(__file__).parent / "data" / "decode-trace-small.json"
 GATED = ("routed_experts", "attention", "dense_gemms")
@@ -183,7 +183,7 @@ def test_a_metric_that_one_instance_lacks_is_combined_but_not_gated():
 
 def test_the_breakdown_table_shows_each_category_against_its_baseline():
     from moebench.decode.breakdown_report import breakdown_tables
-    from moebench.results import CaseDoc, MetricDoc
+    from moebench.results.document import CaseDoc, MetricDoc
 
     b = breakdown(_steps())
     measured = breakdown_metrics(b, 0.2, GATED, 0.05)

@@ -24,7 +24,7 @@ import pytest
 from moebench.decode.inproc import InProcessEngine
 from moebench.decode.procs import EngineError, alive
 from moebench.decode.server import ServerEngine
-from moebench.ports import free_port
+from moebench.core.ports import free_port
 
 HERE = Path(__file__).resolve()
 REPO = HERE.parents[1]

@@ -12,7 +12,7 @@ from moebench.decode.categories import CATEGORIES
 from moebench.decode.runner import EngineRun, floor_metrics, run_case
 from moebench.decode.scenarios import DecodeCase, ScenarioError, parse_scenario
 from moebench.decode.stats import Trial
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 # The shipped tiny config (models/tiny): 2 layers, kv_lora_rank 512, qk_rope_head_dim 64, bf16.
 TINY_KV_BYTES_PER_TOKEN = 2 * (512 + 64) * 2

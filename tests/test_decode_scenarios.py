@@ -328,7 +328,7 @@ def test_a_category_can_carry_its_own_tolerance():
 def test_the_category_map_version_is_part_of_a_gated_breakdowns_definition(monkeypatch):
     # a change of the category rules makes stored category baselines STALE instead of a regression
     from moebench.decode import scenarios
-    from moebench.provenance import definition_hash
+    from moebench.core.provenance import definition_hash
 
     case = DecodeCase(_scenario(gate_categories=["routed_experts"], profile_steps=8), "vllm")
     before = definition_hash(case.definition())

@@ -20,7 +20,7 @@ from moebench.decode.runner import check_choices, run_engine
 from moebench.decode.scenarios import DecodeCase, load_scenarios, parse_scenario
 from moebench.decode.sglang_engine import (SGLangServerEngine, generate_payload, profile_request, read_breakdown,
                                            stream_generate, take_event)
-from moebench.ports import free_port
+from moebench.core.ports import free_port
 from moebench.decode.sglang_trace import find_decode_trace, sglang_category, split_by_graph_launches
 from moebench.decode.trace import Kernel, TraceError, load_events
 

@@ -13,7 +13,7 @@ import pytest
 from moebench.decode import startup
 from moebench.decode.procs import EngineError
 from moebench.decode.server import ServerEngine
-from moebench.ports import free_port
+from moebench.core.ports import free_port
 
 SGLANG_LINES = [
     "[2026-12-02 10:00:09 TP0] Load weight begin. avail mem=139.12 GB",

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from moebench.decode.stats import Trial, decode_metrics, implausible
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 
 def test_the_window_is_twice_the_largest_chunk_so_that_every_window_spans_whole_waits():

@@ -1,5 +1,5 @@
 """The spread between machines the gate assumes where none was measured, per metric kind
-(moebench.kinds): a kernel time gates tight on any machine of the kind, a host-bound number only on a
+(moebench.core.kinds): a kernel time gates tight on any machine of the kind, a host-bound number only on a
 cliff, and the verdict line and the results file say which kind and spread were used."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from moebench.baselines.compare import Verdict, compare_metric
-from moebench.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND, KINDS, UNKNOWN
-from moebench.metrics import Metric
-from moebench.report import one_line
-from moebench.results import MetricDoc
+from moebench.core.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND, KINDS, UNKNOWN
+from moebench.core.metrics import Metric
+from moebench.outputs.report import one_line
+from moebench.results.document import MetricDoc
 
 
 def us(value: float, **kw) -> Metric:
@@ -71,7 +71,7 @@ def test_families_declare_the_kind_from_what_they_measured():
     from moebench.allreduce.cases import latency_kind
     from moebench.decode.runner import metric_kind
     from moebench.decode.scenarios import Scenario
-    from moebench.kinds import DEVICE_COLLECTIVE, timed_on
+    from moebench.core.kinds import DEVICE_COLLECTIVE, timed_on
 
     assert (timed_on("cuda"), timed_on("cpu")) == (DEVICE_KERNEL, HOST_BOUND)
     rank = Scenario.__new__(Scenario)

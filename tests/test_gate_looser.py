@@ -13,8 +13,8 @@ import pytest
 
 from moebench.baselines.compare import Verdict, compare_metric
 from moebench.baselines.store import dumps
-from moebench.cli import main
-from moebench.metrics import Metric
+from moebench.cli.main import main
+from moebench.core.metrics import Metric
 
 REPO = Path(__file__).resolve().parents[1]
 SELFCHECK = REPO / "baselines" / "nvidia-h200-x1" / "selfcheck.json"  # committed, small

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from moebench.baselines.compare import CLIFF, UNKNOWN_MACHINE_SPREAD, Verdict, compare_metric
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 
 def ms(value, noise=0.003, **kw):

@@ -17,7 +17,7 @@ import pytest
 
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import dumps, load_file
-from moebench.cli import main
+from moebench.cli.main import main
 
 HW = "test-hw-x1"  # the --hardware-key FakeBench forces (tests/conftest.py)
 REPO = Path(__file__).resolve().parents[1]
@@ -177,11 +177,11 @@ def test_the_review_workflow_runs_readmes_check_with_the_standard_library_alone(
     [step] = [s for s in workflow["jobs"]["diff"]["steps"] if "run" in s]
     command = "moebench baselines diff origin/main:baselines baselines --exit-code"
     assert command in (REPO / "README.md").read_text()
-    assert step["run"] == ('PYTHONPATH=src python3 -m moebench.cli baselines diff "origin/$BASE:baselines" '
+    assert step["run"] == ('PYTHONPATH=src python3 -m moebench baselines diff "origin/$BASE:baselines" '
                            "baselines --exit-code")
     if subprocess.run(["git", "cat-file", "-e", f"HEAD:{SELFCHECK}"], cwd=REPO, capture_output=True).returncode:
         pytest.skip("not a git checkout with the committed baselines")
-    r = subprocess.run([sys.executable, "-S", "-m", "moebench.cli", "baselines", "diff", "HEAD:baselines",
+    r = subprocess.run([sys.executable, "-S", "-m", "moebench.cli.main", "baselines", "diff", "HEAD:baselines",
                         "HEAD:baselines", "--exit-code"], cwd=REPO, env={**os.environ, "PYTHONPATH": "src"},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "0 changes loosen the gate" in r.stdout, r.stdout + r.stderr

@@ -1,4 +1,4 @@
-"""The case -> GPU assignment of an -n run (moebench.gpu_plan): stable, balanced, overridable."""
+"""The case -> GPU assignment of an -n run (moebench.suite.gpu_plan): stable, balanced, overridable."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from moebench.gpu_plan import PlanError, assign, capacity, parse_pins, ranking, unknown_pins
-from moebench.xdist_glue import pytest_xdist_auto_num_workers
+from moebench.suite.gpu_plan import PlanError, assign, capacity, parse_pins, ranking, unknown_pins
+from moebench.suite.xdist_glue import pytest_xdist_auto_num_workers
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 IDS = [f"gemm[model{m}-m{mm}-bf16-backend{b}]" for m in range(5) for mm in range(24) for b in range(10)]  # 1,200
@@ -20,7 +20,7 @@ def test_the_same_cases_land_on_the_same_gpus_in_any_order_and_in_any_process():
     plan = assign(IDS, 8)
     assert assign(list(reversed(IDS)), 8) == plan, "the collection order must not matter"
     # Another interpreter with another hash seed (Python's hash() of a str changes per process):
-    code = f"import sys; sys.path.insert(0, {SRC!r}); from moebench.gpu_plan import assign; print(assign({IDS!r}, 8))"
+    code = f"import sys; sys.path.insert(0, {SRC!r}); from moebench.suite.gpu_plan import assign; print(assign({IDS!r}, 8))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONHASHSEED": "12345"}).stdout
     assert eval(out) == plan
@@ -70,7 +70,7 @@ def test_a_pin_of_an_unknown_case_is_named():
 
 @pytest.mark.parametrize("gpus, workers", [(8, 8), (1, 1), (0, 1)])
 def test_n_auto_is_one_worker_per_gpu_and_one_without_gpus(monkeypatch, gpus, workers):
-    from moebench import hardware
+    from moebench.core import hardware
 
     monkeypatch.setattr(hardware, "visible_gpu_count", lambda: gpus)
     assert pytest_xdist_auto_num_workers(None) == workers

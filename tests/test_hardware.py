@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from moebench import hardware
-from moebench.hardware import ClockReport, hardware_key, normalize_name, same_hardware
+from moebench.core import hardware
+from moebench.core.hardware import ClockReport, hardware_key, normalize_name, same_hardware
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -197,7 +197,7 @@ def test_fingerprint_on_this_cpu_box_has_no_gpus_and_does_not_import_torch():
     code = textwrap.dedent("""
         import json, sys
         import moebench.plugin  # collection imports the plugin: it must stay torch-free too
-        from moebench import hardware
+        from moebench.core import hardware
         fp = hardware.fingerprint()
         print(json.dumps({"gpus": fp["gpus"], "key": hardware.hardware_key(fp),
                           "torch": "torch" in sys.modules, "cuda": any(m.startswith("torch.cuda") for m in sys.modules)}))

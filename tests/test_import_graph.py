@@ -114,29 +114,66 @@ def test_no_import_cycle_among_moebench_modules():
 
 
 def test_the_gate_imports_only_the_measurement_and_no_report():
-    # The gate returns numbers and reasons as data; lines and tables are made above it (moebench.report).
-    # moebench.kinds is the measurement's own table (what a metric is bound by), importing nothing.
-    assert import_graph(SRC)["moebench.baselines.compare"] <= {"moebench.metrics", "moebench.kinds"}
-    assert import_graph(SRC)["moebench.kinds"] == set()
+    # The gate returns numbers and reasons as data; lines and tables are made above it (moebench.outputs.report).
+    # moebench.core.kinds is the measurement's own table (what a metric is bound by), importing nothing.
+    assert import_graph(SRC)["moebench.baselines.compare"] <= {"moebench.core.metrics", "moebench.core.kinds"}
+    assert import_graph(SRC)["moebench.core.kinds"] == set()
 
 
 def test_no_baseline_module_formats_text_with_the_report():
     # The store once imported the report's fmt_pct and fmt_value to word its change lines: the gate's side
-    # (every moebench.baselines module) returns numbers (EntryChange), and moebench.baseline_lines words them.
+    # (every moebench.baselines module) returns numbers (EntryChange), and moebench.outputs.baseline_lines words them.
     graph = import_graph(SRC)
-    formats = {m: sorted(d for d in graph[m] if d.startswith(("moebench.report", "moebench.baseline_lines")))
+    formats = {m: sorted(d for d in graph[m] if d.startswith(("moebench.outputs.report", "moebench.outputs.baseline_lines")))
                for m in graph if m.startswith("moebench.baselines")}
     assert not any(formats.values()), formats
-    assert "moebench.report" in graph["moebench.baseline_lines"]
+    assert "moebench.outputs.report" in graph["moebench.outputs.baseline_lines"]
 
 
-def test_the_generic_layers_import_no_family():
-    # A family adds its tables through moebench.family_tables' renderers; the report, the results
-    # document and the baseline files know no family.
-    graph = import_graph(SRC)
-    generic = ["moebench.report", "moebench.results", "moebench.metrics"] + [m for m in graph if m.startswith("moebench.baselines")]
-    leaks = {m: sorted(d for d in graph[m] if d.startswith(FAMILIES)) for m in generic}
-    assert not any(leaks.values()), leaks
+# The layers, lowest first: a module imports only its own layer and the ones before it (docs/architecture.md).
+LAYERS = ("core", "baselines", "results", "history", "outputs", "suite", "plugin", "cli", "__main__")
+# The doors through which a generic layer reaches a family: the registries, and the command line's
+# family commands (`moebench backends --family decode`, `moebench predict`).
+FAMILY_DOORS = {"moebench.outputs.family_tables", "moebench.suite.family_options", "moebench.cli.main"}
+
+
+def _layer(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else None
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a layer to a later one ('a -> b'), and every family import outside FAMILY_DOORS."""
+    out = []
+    for m, deps in sorted(graph.items()):
+        here = _layer(m)
+        if here is None:
+            continue
+        for d in sorted(deps):
+            there = _layer(d)
+            if there is not None and LAYERS.index(there) > LAYERS.index(here):
+                out.append(f"{m} -> {d} ({here} is below {there})")
+            elif d.startswith(FAMILIES) and m not in FAMILY_DOORS:
+                out.append(f"{m} -> {d} (a family, outside the registries)")
+    return out
+
+
+def test_each_layer_imports_only_the_layers_below_it_and_families_only_through_their_doors():
+    found = layer_violations(import_graph(SRC))
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+    assert set(_layer(m) for m in import_graph(SRC)) - {None} == set(LAYERS)  # every layer is a folder or file here
+
+
+def test_the_layer_check_names_an_upward_import_and_a_family_import(tmp_path):
+    src = _write(tmp_path, {
+        "moebench/__init__.py": "", "moebench/core/__init__.py": "", "moebench/outputs/__init__.py": "",
+        "moebench/decode/__init__.py": "", "moebench/decode/tables.py": "",
+        "moebench/core/timing.py": "def f():\n    from moebench.outputs import report\n",
+        "moebench/outputs/report.py": "from moebench.decode.tables import x\n",
+    })
+    assert layer_violations(import_graph(src)) == [
+        "moebench.core.timing -> moebench.outputs.report (core is below outputs)",
+        "moebench.outputs.report -> moebench.decode.tables (a family, outside the registries)"]
 
 
 def test_the_plugin_knows_no_family():
@@ -144,7 +181,7 @@ def test_the_plugin_knows_no_family():
     # once imported decode/options.py itself, inside pytest_addoption.
     graph = import_graph(SRC)
     assert not [d for d in graph["moebench.plugin"] if d.startswith(FAMILIES)], graph["moebench.plugin"]
-    assert "moebench.decode.options" in graph["moebench.family_options"]
+    assert "moebench.decode.options" in graph["moebench.suite.family_options"]
 
 
 def _write(root: Path, files: dict[str, str]) -> Path:

@@ -1,4 +1,4 @@
-"""The way of measuring is part of every case definition (moebench.method): a changed timer, warm-up,
+"""The way of measuring is part of every case definition (moebench.core.method): a changed timer, warm-up,
 stopping rule or steady-state rule makes the stored entries STALE, never a REGRESSION or IMPROVEMENT."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench import method, provenance, timing
+from moebench.core import method, provenance, timing
 from moebench.decode.options import DEFAULT_SCENARIOS
 from moebench.decode.scenarios import cases_of, load_scenarios
 from moebench.gemm import runner
@@ -47,7 +47,7 @@ def test_method_code_matches_its_version(name):
     got = code_digest(method.METHOD_CODE[name])
     assert got == method.CODE_DIGESTS[name], (
         f"the {name} code changed (digest {got}, recorded {method.CODE_DIGESTS[name]}): if it can move a number, "
-        f"bump its version in moebench/method.py (stored entries go STALE and are re-recorded); for a pure "
+        f"bump its version in moebench/core/method.py (stored entries go STALE and are re-recorded); for a pure "
         f"refactor, record the new digest")
 
 

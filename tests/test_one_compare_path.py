@@ -12,9 +12,9 @@ from pathlib import Path
 
 
 from moebench.baselines.store import BaselineSet, merge_entries
-from moebench.results import ResultsDoc
-from moebench.runs import baseline_entries, compare_runs
-from moebench.session import Measurement, RunState
+from moebench.results.document import ResultsDoc
+from moebench.history.runs import baseline_entries, compare_runs
+from moebench.suite.session import Measurement, RunState
 
 REFERENCE = Path(__file__).parent / "data" / "results-decode-kimi-int4-rank-h200.json"
 INPROC = "decode[kimi-k2.5-int4-rank-vllm-tp1-int4-g32-moe_auto-attn_auto-graph-p64-o128]"

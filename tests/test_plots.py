@@ -1,4 +1,4 @@
-"""`moebench report` and moebench.plots on recorded runs: trend PNGs, index.html and index.md."""
+"""`moebench report` and moebench.outputs.plots on recorded runs: trend PNGs, index.html and index.md."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench import plots, report_page
-from moebench.cli import main
-from moebench.runs import load_runs
+from moebench.outputs import plots, report_page
+from moebench.cli.main import main
+from moebench.history.runs import load_runs
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 RUNS = [DATA / "selfcheck-h200-1.json", DATA / "selfcheck-h200-2.json"]
@@ -97,7 +97,7 @@ def test_png_names_are_plain_files():
 
 
 def test_the_report_carries_the_decode_step_breakdown_of_the_latest_run(tmp_path):
-    from moebench.cli import main
+    from moebench.cli.main import main
 
     src = Path(__file__).parent / "data" / "results-decode-kimi-int4-rank-h200.json"
     assert main(["report", str(src), "--out", str(tmp_path)]) == 0

@@ -170,7 +170,7 @@ def test_full_cases_run_when_the_expression_names_full(fakebench):
 OTHER_HARDWARE_TESTS = '''
 import pytest
 
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 
 @pytest.mark.decode

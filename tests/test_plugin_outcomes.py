@@ -14,7 +14,7 @@ TABLE = f"*moebench verdicts on {HW}*"
 OUTCOME_TESTS = '''
 import pytest
 
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ import pytest
 
 from moebench.decode.breakdown import Breakdown, breakdown_metrics
 from moebench.decode.categories import CATEGORIES
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 
 @pytest.mark.decode

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from moebench import provenance
+from moebench.core import provenance
 from moebench.baselines.compare import Verdict
 from moebench.baselines.store import BaselineSet, merge_entries
-from moebench.metrics import Metric
-from moebench.session import RunState
+from moebench.core.metrics import Metric
+from moebench.suite.session import RunState
 
 HW = "test-hw-x1"
 DEFINITION = {"shape": [1, 7168, 256], "dtype": "bf16"}

@@ -7,8 +7,12 @@ import re
 
 import pytest
 
-from moebench import hardware, plugin, report
-from moebench.results import Row
+from moebench.core import hardware
+
+from moebench import plugin
+
+from moebench.outputs import report
+from moebench.results.document import Row
 
 
 @pytest.mark.parametrize("expr, names", [

@@ -15,7 +15,7 @@ import socket
 import pytest
 
 from moebench.decode import openai_stream
-from moebench.ports import ephemeral_range, free_port
+from moebench.core.ports import ephemeral_range, free_port
 
 
 def test_ports_are_drawn_outside_the_kernels_ephemeral_range():

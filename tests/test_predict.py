@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from moebench import cli, predict
+from moebench.cli import main as cli
+
+from moebench.decode import predict
 
 DATA = Path(__file__).parent / "data"
 DECODE = DATA / "results-decode-kimi-int4-rank-h200.json"

@@ -2,9 +2,9 @@
 as they are), one number format everywhere, and the failure line made of the gate's numbers."""
 
 from moebench.baselines.compare import compare_metric
-from moebench.metrics import Metric
-from moebench.report import display_rows, markdown_table, one_line, tally, text_table
-from moebench.results import Row
+from moebench.core.metrics import Metric
+from moebench.outputs.report import display_rows, markdown_table, one_line, tally, text_table
+from moebench.results.document import Row
 
 
 def _rows():
@@ -34,10 +34,10 @@ def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_m
     import json
     from pathlib import Path
 
-    from moebench.baseline_lines import change_line
+    from moebench.outputs.baseline_lines import change_line
     from moebench.baselines.store import merge_entries
-    from moebench.cli import main
-    from moebench.metrics import Metric
+    from moebench.cli.main import main
+    from moebench.core.metrics import Metric
 
     c = compare_metric(Metric(46870.0, "us", "lower"), Metric(40000.0, "us", "lower"))
     assert one_line("gemm[x]", "graph_us", c, "us").startswith(

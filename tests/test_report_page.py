@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from history_fixtures import STEP_CASE, step, write_history
-from moebench import report_page
-from moebench.cli import main
-from moebench.report import markdown_table
-from moebench.runs import load_run, load_runs
+from moebench.outputs import report_page
+from moebench.cli.main import main
+from moebench.outputs.report import markdown_table
+from moebench.history.runs import load_run, load_runs
 
 pytest.importorskip("matplotlib", reason="matplotlib (the plots extra) is not installed")
 pytest.importorskip("ruptures", reason="ruptures (the history extra) is not installed")
@@ -78,7 +78,7 @@ def test_the_change_points_table_tops_the_page_and_the_trend_marks_it(page, monk
     drawn = {}
     monkeypatch.setattr(report_page, "plot_trend", lambda t, path: drawn.setdefault(t.key, t.changes))
     runs = load_runs(sorted((page.parent / "h").glob("*.json")))
-    from moebench.changes_cli import read_changes
+    from moebench.cli.changes import read_changes
 
     report_page.write_report(runs, tmp_path / "r", changes=read_changes(page.parent / "changes.json"))
     assert [c.after.commit for c in drawn[STEP_CASE]] == ["abc0009"]
@@ -132,7 +132,7 @@ def test_the_page_in_a_real_headless_browser(page, tmp_path):
 
 
 def test_the_charts_read_the_backends_over_m_and_the_breakdown_per_kernel_from_the_results(tmp_path):
-    from moebench.charts import backend_panels, breakdown_groups
+    from moebench.outputs.charts import backend_panels, breakdown_groups
 
     run = load_run(write_history(tmp_path, 1)[0])
     panels = {p.title: p for p in backend_panels(list(run.cases.values()))}

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from moebench import plots
-from moebench.cli import main
-from moebench.results import ResultsError
-from moebench.runs import load_run, load_runs
+from moebench.outputs import plots
+from moebench.cli.main import main
+from moebench.results.document import ResultsError
+from moebench.history.runs import load_run, load_runs
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 SELFCHECK = [DATA / "selfcheck-cpu-1.json", DATA / "selfcheck-cpu-2.json"]
@@ -71,7 +71,7 @@ def test_report_over_gzipped_runs_of_two_families_has_no_missing(tmp_path, capsy
 
 
 def test_the_results_version_is_written_and_checked(tmp_path):
-    from moebench.results import RESULTS_VERSION, ResultsDoc
+    from moebench.results.document import RESULTS_VERSION, ResultsDoc
 
     doc = {"hardware_key": "h", "started": "2026-12-01T00:00:00Z", "cases": []}
     assert ResultsDoc.from_json(doc, "old.json").cases == {}  # before the field existed: version 1
@@ -82,7 +82,7 @@ def test_the_results_version_is_written_and_checked(tmp_path):
         with pytest.raises(ResultsError, match=r"^bad.json: results_version: this moebench reads versions 1..1, got"):
             ResultsDoc.from_json(doc | {"results_version": bad}, "bad.json")
     from moebench.baselines.store import BaselineSet
-    from moebench.session import RunState
+    from moebench.suite.session import RunState
 
     state = RunState(baseline_dir=Path("/nonexistent"), hardware_key="h", fingerprint={}, strict=False, update=False,
                      baselines=BaselineSet(Path("/nonexistent"), "h"), key_forced=False)

@@ -1,4 +1,4 @@
-"""The results document's one model (moebench.results): what the session writes reads back as the same
+"""The results document's one model (moebench.results.document): what the session writes reads back as the same
 document; every committed results file (all written before results_version existed) still loads; a
 malformed file is one line naming the file and the field."""
 
@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 from moebench.baselines.store import BaselineSet, merge_entries
-from moebench.cli import main
-from moebench.metrics import Metric
-from moebench.provenance import definition_hash
-from moebench.results import ResultsDoc, ResultsError, Row
-from moebench.session import RunState
+from moebench.cli.main import main
+from moebench.core.metrics import Metric
+from moebench.core.provenance import definition_hash
+from moebench.results.document import ResultsDoc, ResultsError, Row
+from moebench.suite.session import RunState
 
 DATA = Path(__file__).parent / "data"
 RESULTS_FILES = sorted(p for p in DATA.glob("*.json") if "cases" in json.loads(p.read_text()))

@@ -18,8 +18,8 @@ from moebench.baselines.combine import combine_entries, half_range
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineEntry, BaselineSet, dumps, family_path, load_file, merge_entries
 from moebench.baselines.update import merge_files
-from moebench.cli import main
-from moebench.metrics import Metric
+from moebench.cli.main import main
+from moebench.core.metrics import Metric
 
 HW = "test-hw-x1"  # the hardware key of conftest.valid_document() and of the fake project
 KEY = "decode[x]"
@@ -212,7 +212,7 @@ def test_a_direction_flip_is_looser_both_ways(tmp_path, valid_doc, capsys):
 
 # --- 4. --baseline-strict -------------------------------------------------------------------------------
 
-# Cases with a baseline key (moebench.unmeasured.case_key reads the `key` of a parameter) that skip in
+# Cases with a baseline key (moebench.suite.unmeasured.case_key reads the `key` of a parameter) that skip in
 # setup, before their body runs: too few GPUs (the plugin's gpus(n) check), a skipif marker, a fixture
 # that skips (a missing package).
 KEYED = '''

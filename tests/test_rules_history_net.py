@@ -17,10 +17,11 @@ import pytest
 
 from conftest import HW, UNRELATED_PLUGINS
 from history_fixtures import STEP_CASE, step, write_history
-from moebench import aa, interrupts
-from moebench.changes import RunPoint, Series, find_changes, threshold
-from moebench.cli import main
-from moebench.history import case_series, load_history
+from moebench.history import aa
+from moebench.suite import interrupts
+from moebench.history.changes import RunPoint, Series, find_changes, threshold
+from moebench.cli.main import main
+from moebench.history.nightly import case_series, load_history
 
 
 # --- moebench aa ---------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from moebench.baselines.compare import NOISE_FACTOR
 from moebench.baselines.schema import NOISE_MAX, REL_TOL_MAX, BaselineError, fingerprint_id, validate_file
 from moebench.baselines.store import BaselineSet, dumps, family_path, load_file
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 # The hardware key of conftest.valid_document(). (Not imported: two conftest.py modules share the name.)
 HW = "test-hw-x1"

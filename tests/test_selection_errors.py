@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench import selection
+from moebench.suite import selection
 from moebench.decode.scenarios import ScenarioError, load_scenarios
 
 REPO = Path(__file__).resolve().parents[1]

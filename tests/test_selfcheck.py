@@ -9,7 +9,7 @@ import pytest
 
 from moebench import selfcheck
 from moebench.selfcheck import TOO_NOISY, CopyWork, aa_check, interleaved, sensitivity_check
-from moebench.timing import StopRule
+from moebench.core.timing import StopRule
 
 MS = 1e-3
 NOISY = "this machine's timing spread is 38.0% (>= 5%): too noisy to prove the harness; rerun on an idle machine"

@@ -23,10 +23,10 @@ import pytest
 from moebench.baselines.schema import BaselineError, fingerprint_id
 from moebench.baselines.store import (BaselineSet, check_writable, dumps, family_path, key_folder, load_file, locked,
                                       merge_entries, new_document, other_hardware_entries)
-from moebench.baseline_lines import change_line, write_updates
-from moebench.files import atomic_write_text
-from moebench.metrics import Metric
-from moebench.session import RunState
+from moebench.outputs.baseline_lines import change_line, write_updates
+from moebench.core.files import atomic_write_text
+from moebench.core.metrics import Metric
+from moebench.suite.session import RunState
 
 HW = "test-hw-x1"  # the hardware key of conftest.valid_document()
 NOW = "2026-02-02T00:00:00Z"

@@ -1,7 +1,7 @@
 """--baseline-strict over stored entries the run selected but did not measure, on the real decode family
 (benchmarks/test_decode.py, a scenario file of our own): an `only_on` line that leaves this machine out
 and a scenario removed from the file both fail the strict run, naming the entry; an entry of a case the
--m expression did not select does not. Plus the pure part (moebench.unmeasured.gone).
+-m expression did not select does not. Plus the pure part (moebench.suite.unmeasured.gone).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from moebench.baselines.store import dumps, new_document
 from moebench.decode.scenarios import cases_of, load_scenarios
-from moebench.unmeasured import gone
+from moebench.suite.unmeasured import gone
 
 REPO = Path(__file__).resolve().parents[1]
 HW = "test-hw-x1"

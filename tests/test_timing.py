@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from moebench import timing
-from moebench.timing import StopRule, collect, cpu_timer, eager_timer, graph_timer
+from moebench.core import timing
+from moebench.core.timing import StopRule, collect, cpu_timer, eager_timer, graph_timer
 
 QUIET = [1.0] * 1000                     # spread 0
 NOISY = [1.0, 2.0, 3.0] * 400           # spread (1.4826 * MAD / median) stays above 0.3 from 2 samples on
@@ -216,7 +216,7 @@ class _FakeGPU:
 
 
 def test_the_warm_up_runs_past_a_slow_start_until_the_rate_is_steady():
-    from moebench.timing import WarmRule, warm_until_steady
+    from moebench.core.timing import WarmRule, warm_until_steady
 
     class Ramping(_FakeGPU):
         def step(self):  # 30% slower at first, reaching full speed linearly at t = 0.4 s (a clock ramp)
@@ -233,7 +233,7 @@ def test_the_warm_up_runs_past_a_slow_start_until_the_rate_is_steady():
 
 
 def test_the_warm_up_busies_the_device_for_its_minimum_and_gives_up_at_its_maximum():
-    from moebench.timing import WarmRule, warm_until_steady
+    from moebench.core.timing import WarmRule, warm_until_steady
 
     steady_gpu = _FakeGPU(slow=1e-3, fast=1e-3, warm_after=0.0)
     _, steady = warm_until_steady(steady_gpu.step, WarmRule(min_s=0.2, window_s=0.05, max_s=1.0), steady_gpu.clock)

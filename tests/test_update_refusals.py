@@ -9,7 +9,7 @@ import pytest
 
 from moebench.baselines.record import prepare_entry
 from moebench.baselines.store import load_file, merge_entries
-from moebench.cli import main
+from moebench.cli.main import main
 
 WIDE = [100.0, 190.0, 40.0, 260.0, 20.0, 100.0, 170.0]  # a loaded 2-core box: noise ~ 1.04
 
@@ -78,7 +78,7 @@ def test_a_kernel_time_whose_machines_agree_within_1pct_gates_at_3pct(between, s
 
 def test_the_report_page_says_what_was_not_written():
     # ci/nightly.sh passes the plugin's "NOT written" / "not gating" lines with --note; the page shows them
-    from moebench.report_page import Page, index_html, index_markdown
+    from moebench.outputs.report_page import Page, index_html, index_markdown
 
     page = Page("t", "latest run: 1 PASS", [], None, [], notes=("moebench: fake[a]: baseline NOT written: x",))
     assert "moebench: fake[a]: baseline NOT written: x" in index_html(page)

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from conftest import table_rows
-from moebench.gpu_plan import assign
+from moebench.suite.gpu_plan import assign
 from xdist_project import CASES, XdistProject
 
 pytest.importorskip("xdist")
@@ -113,8 +113,8 @@ def test_bad_input_is_one_usage_line_naming_the_option(project, args, line):
 
 
 def test_aa_per_gpu_runs_a_case_on_every_gpu_and_prints_the_spread_between_them(project, monkeypatch, capsys):
-    from moebench import hardware
-    from moebench.cli import main
+    from moebench.core import hardware
+    from moebench.cli.main import main
     from xdist_project import CONFTEST
 
     ns: dict = {}

@@ -1,4 +1,4 @@
-"""moebench's xdist scheduler (moebench.xdist_sched) with fake workers: each test goes to its GPU's worker
+"""moebench's xdist scheduler (moebench.suite.xdist_sched) with fake workers: each test goes to its GPU's worker
 and nowhere else; the multi-GPU tests go to slot 0's worker only once every other worker is done; a
 crashed worker's tests wait for the worker that takes its slot."""
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from moebench.xdist_sched import ALL, GpuScheduling, Plan
+from moebench.suite.xdist_sched import ALL, GpuScheduling, Plan
 
 IDS = ["t::a", "t::b", "t::c", "t::d", "t::multi"]
 SLOTS = [0, 1, 1, 0, ALL]

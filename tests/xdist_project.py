@@ -24,7 +24,7 @@ CASES = [f"c{i:02d}" for i in range(12)]
 CONFTEST = '''
 import os
 
-from moebench import hardware
+from moebench.core import hardware
 
 
 class FakeNvml:
@@ -88,14 +88,14 @@ import time
 
 import pytest
 
-from moebench import hardware
-from moebench.metrics import Metric
+from moebench.core import hardware
+from moebench.core.metrics import Metric
 
 HERE = pathlib.Path(__file__).parent
 CASES = %r
 
 
-class Case:  # a case parameter with its baseline key, as the families' are (moebench.unmeasured.case_key)
+class Case:  # a case parameter with its baseline key, as the families' are (moebench.suite.unmeasured.case_key)
     def __init__(self, name):
         self.name, self.key = name, f"fake[{name}]"
 

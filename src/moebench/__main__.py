@@ -3,6 +3,6 @@ tree on a lent GPU machine: PYTHONPATH=src python3 -m moebench aa ...)."""
 
 import sys
 
-from moebench.cli import main
+from moebench.cli.main import main
 
 sys.exit(main())

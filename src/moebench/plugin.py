@@ -14,21 +14,25 @@ from typing import Callable, Mapping
 
 import pytest
 
-from moebench import compat, hardware, interrupts, report, selection, xdist_glue
-from moebench.selection import marker_names_in  # noqa: F401 (benchmarks and tests import it from here)
-from moebench.benchmark_tables import hide_benchmark_tables
-from moebench.baseline_lines import write_updates
+from moebench.suite import compat, interrupts, selection, xdist_glue
+
+from moebench.core import hardware
+
+from moebench.outputs import report
+from moebench.suite.selection import marker_names_in  # noqa: F401 (benchmarks and tests import it from here)
+from moebench.suite.benchmark_tables import hide_benchmark_tables
+from moebench.outputs.baseline_lines import write_updates
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet, check_writable
-from moebench.case_gpus import case_gpu, gpus_needed
-from moebench.family_options import add_family_options
-from moebench.family_tables import family_tables
-from moebench.metrics import Metric
-from moebench.outcomes import TestOutcomes
-from moebench.results import Row
-from moebench.session import CaseResult, RunState
-from moebench.unmeasured import StrictCoverage
+from moebench.suite.case_gpus import case_gpu, gpus_needed
+from moebench.suite.family_options import add_family_options
+from moebench.outputs.family_tables import family_tables
+from moebench.core.metrics import Metric
+from moebench.suite.outcomes import TestOutcomes
+from moebench.results.document import Row
+from moebench.suite.session import CaseResult, RunState
+from moebench.suite.unmeasured import StrictCoverage
 
 STATE = pytest.StashKey[RunState]()
 _UPDATE_LINES = pytest.StashKey[list]()
@@ -227,9 +231,9 @@ class CaseRecorder:
 
     def ceiling(self, device: str = "cuda", kind: str = "copy") -> float:
         """This session's memory ceiling in bytes/s, measured once per device and kind by
-        moebench.bandwidth: "copy" (a large device copy, read + write) or "read" (a large read-only
+        moebench.core.bandwidth: "copy" (a large device copy, read + write) or "read" (a large read-only
         reduction: the floor of read-dominated work)."""
-        from moebench import bandwidth
+        from moebench.core import bandwidth
 
         def measure() -> float:
             self.progress(f"measuring the memory ceiling on {device} ({bandwidth.KINDS.get(kind, kind)})")

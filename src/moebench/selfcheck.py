@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from moebench.baselines.compare import Comparison, Verdict, compare_metric
-from moebench.kinds import timed_on
-from moebench.metrics import Metric, relative_spread
-from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
+from moebench.core.kinds import timed_on
+from moebench.core.metrics import Metric, relative_spread
+from moebench.core.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
 # At or above this timing spread the machine is too noisy for a check, passed or failed, to say anything
 # about the harness. The spread is the robust relative spread (1.4826 x MAD / median) of one work's samples pooled

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from moebench.allreduce.transport import TRANSPORTS
-from moebench.kinds import DEVICE_COLLECTIVE, HOST_BOUND
-from moebench.timing import StopRule
+from moebench.core.kinds import DEVICE_COLLECTIVE, HOST_BOUND
+from moebench.core.timing import StopRule
 
 # --- axes -----------------------------------------------------------------------------------------
 BACKENDS = ("nccl", "vllm_custom_ar", "gloo")
@@ -70,7 +70,7 @@ LATENCY_REL_TOL_PREFILL = 0.15
 
 
 def latency_kind(case: "AllreduceCase") -> str:
-    """What a case's latency is bound by (moebench.kinds): gloo (CPU) and decode sizes are host-bound
+    """What a case's latency is bound by (moebench.core.kinds): gloo (CPU) and decode sizes are host-bound
     (eager +10..+98%, graph mode -21..+38% between two H200 hosts, above); prefill sizes a device collective."""
     if case.backend == "gloo" or case.nbytes <= DECODE_SIZE_BYTES:
         return HOST_BOUND

@@ -85,7 +85,7 @@ class Collective:
         return [lambda b=b: dist.all_reduce(b) for b in bufs], lambda: bufs
 
     def capture(self, calls: list[Call]):
-        from moebench.timing import capture_graph
+        from moebench.core.timing import capture_graph
 
         return capture_graph(self.torch, calls)
 
@@ -156,7 +156,7 @@ class Nccl(Collective):
         self.dist.all_reduce(self._tiny)
 
     def elapsed(self, fn: Call, *, graph: bool = False) -> float:
-        from moebench.timing import event_time
+        from moebench.core.timing import event_time
 
         # A graph replay is timed from a head start (see event_time), the same on every rank, so the
         # ranks still start together after align(); K eager calls keep their launch cost.

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from moebench.allreduce import processes
 from moebench.allreduce.protocol import GroupSpec, Reader, messages_path, stderr_path, stdout_path, tail
 from moebench.allreduce.transport import LOG_ENV
-from moebench.ports import free_port
+from moebench.core.ports import free_port
 
 RankArgv = Callable[[Path, int], Sequence[str]]
 

@@ -11,7 +11,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from moebench import hardware
+from moebench.core import hardware
 from moebench.allreduce.cases import VLLM_CUSTOM_AR_MAX_BYTES, AllreduceCase
 from moebench.allreduce.transport import why_not
 

@@ -19,7 +19,7 @@ from moebench.allreduce.launcher import Deadlines, GroupRun, port_taken, run_gro
 from moebench.allreduce.protocol import Fault, GroupSpec
 from moebench.allreduce.requirements import ranks_topology, skip_reason, topo_matrix
 from moebench.allreduce.transport import chosen, contradiction
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 Launch = Callable[[GroupSpec, Deadlines], GroupRun]
 

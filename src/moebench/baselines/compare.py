@@ -9,15 +9,15 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from moebench.kinds import UNKNOWN, assumed_spread
-from moebench.metrics import Metric
+from moebench.core.kinds import UNKNOWN, assumed_spread
+from moebench.core.metrics import Metric
 
 # "Outside the noise" means the change exceeds this many times the larger relative spread of the two
 # measurements. Two spreads, because either side can be the noisy one; 2x because a median of tens of
 # samples rarely moves by more than one spread between clean runs of the same code.
 NOISE_FACTOR = 2.0
 # The spread between machines of one kind, assumed where a baseline was recorded on one machine only and
-# is compared on another, is the metric kind's (moebench.kinds: 2% for a device kernel time, 50% for a
+# is compared on another, is the metric kind's (moebench.core.kinds: 2% for a device kernel time, 50% for a
 # host-bound number, ...); this one is for a metric whose kind neither side declares (an entry recorded
 # before kinds existed): the same Kimi-K2.5 bf16 M = 128 case read 427-472 us on four H200s (+-5% around
 # their middle, 2026-12-01, tree 733d5c3, the old timer). Recording on two machines replaces it with the
@@ -120,7 +120,7 @@ def compare_metric(
     CLIFF for a host-bound metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise
     of the two sides and, on a machine that did not record the baseline (other_machine), the spread
     between machines (the entry's noise_machines, else the fallback of the metric's kind: the
-    measurement's declared kind, else the entry's; moebench.kinds); a case run on another GPU of the
+    measurement's declared kind, else the entry's; moebench.core.kinds); a case run on another GPU of the
     recording box than the one that recorded it (other_gpu: that GPU's index) counts as another machine.
     A throttled measurement, or a baseline stored as not gating (gate_off: its noise was too wide), is
     never PASS or REGRESSION: AMBIGUOUS.

@@ -1,7 +1,7 @@
 """What recording does to a stored entry, as numbers: the gate's side of an update's change lines.
 
 The store (merge_entries) and the recording rules (record.prepare_entry) return these; the outputs
-(moebench.baseline_lines) word them. The gate returns numbers; the report formats them.
+(moebench.outputs.baseline_lines) word them. The gate returns numbers; the report formats them.
 """
 
 from __future__ import annotations

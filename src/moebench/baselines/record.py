@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from moebench.baselines.compare import CLIFF
 from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.schema import NOISE_MAX
-from moebench.kinds import ruled_rel_tol
+from moebench.core.kinds import ruled_rel_tol
 
 def choose_rel_tol(new: Mapping[str, Any], stored: Mapping[str, Any] | None) -> float:
     """The rel_tol a recorded metric stores: CLIFF for a cliff; else the rule's (kinds.ruled_rel_tol) over

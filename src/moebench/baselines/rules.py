@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from moebench.baselines.compare import CLIFF, NOISE_FACTOR
-from moebench.kinds import assumed_spread
+from moebench.core.kinds import assumed_spread
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class GateRule:
     """gate: "tolerance", "cliff" (fails at 2x) or "none" (never gates: always AMBIGUOUS); rel_tol: the
     tolerance the gate applies (CLIFF for a cliff, inf for none); noise: the spread on a recording
     machine; machine_spread: the spread between machines used on any other machine, measured
-    (noise_machines) or assumed for the metric's kind (moebench.kinds)."""
+    (noise_machines) or assumed for the metric's kind (moebench.core.kinds)."""
 
     gate: str
     rel_tol: float

@@ -7,7 +7,7 @@ A file `baselines/<hardware-key>/<family>.json`:
       "hardware_key": "nvidia-h200-x1",
       "family": "gemm",
       "fingerprint": {...},            # the machine of the entries that name none of their own (below)
-      "fingerprints": {"<id>": {...}}, # every machine an entry names (optional; moebench.hardware)
+      "fingerprints": {"<id>": {...}}, # every machine an entry names (optional; moebench.core.hardware)
       "created": "2026-11-29T...Z", "updated": "...",
       "entries": {
         "<case key>": {
@@ -37,7 +37,7 @@ so its value is > 0; n >= 1; rel_tol and noise are bounded by what a measurement
 `noise` is the spread that applies on the recording machine(s): the larger of the spread inside a run
 and between its independent runs. `noise_machines` (only for entries recorded on two or more machines)
 is the spread between machines of the kind, which the gate uses on any other machine. Entries recorded
-before `machines` existed name none: every machine is "another machine" for them. `kind` (moebench.kinds)
+before `machines` existed name none: every machine is "another machine" for them. `kind` (moebench.core.kinds)
 says what the number is bound by, and so which spread between machines the gate assumes where none was
 measured. `gate`: "cliff" (host-bound: fails only when it doubles; rel_tol then reads 1.0, what the gate
 applies) or "none" (its noise was too wide to gate: the value is kept and always compares AMBIGUOUS; only
@@ -60,9 +60,9 @@ import math
 from typing import Any, Callable, Mapping
 
 from moebench.baselines.compare import NOISE_FACTOR
-from moebench.hardware import KEY_RULE, is_key
-from moebench.kinds import KINDS
-from moebench.metrics import DIRECTIONS, Metric
+from moebench.core.hardware import KEY_RULE, is_key
+from moebench.core.kinds import KINDS
+from moebench.core.metrics import DIRECTIONS, Metric
 
 SCHEMA_VERSION = 2
 SCHEMA_VERSIONS = (1, 2)  # what this code reads
@@ -107,7 +107,7 @@ def _is_number(x: Any) -> bool:
 # ms over 12 engine instances on two H200 machines (decode_scenarios.toml, stored at 0.60). Anything wider
 # lets a 2x slowdown read PASS, which no measured spread justifies.
 REL_TOL_MAX = 1.0
-# The largest stored noise (a relative spread, moebench.metrics.relative_spread): the one whose noise band
+# The largest stored noise (a relative spread, moebench.core.metrics.relative_spread): the one whose noise band
 # (NOISE_FACTOR x noise, compare.py) reaches REL_TOL_MAX, so that no stored spread can hide a doubling (a
 # stored noise of 50 made a 2x slowdown read AMBIGUOUS). The widest the committed baselines hold is 0.45
 # (a two-rank custom allreduce at 2 tokens); a noisier case needs more samples, not a wider band.
@@ -115,7 +115,7 @@ NOISE_MAX = REL_TOL_MAX / NOISE_FACTOR
 
 
 # A stored metric's fields: name -> (the test a value passes, what a good value is). A results file holds
-# the same record (Metric.to_json), so moebench.results checks direction, noise and n by these rules
+# the same record (Metric.to_json), so moebench.results.document checks direction, noise and n by these rules
 # too; value, unit and rel_tol it checks its own way: a baseline stores only gated times and rates (> 0,
 # with a reviewed tolerance), a results file informational metrics as well (a 0 ms host gap, a NaN % of
 # an unknown floor).
@@ -133,7 +133,7 @@ METRIC_RULES: dict[str, Rule] = {
     "noise_machines": (lambda x: _is_number(x) and 0 <= x <= NOISE_MAX,
                        f"must be a relative spread in [0, {NOISE_MAX:g}] (a wider one would hide a doubling)"),
     "gate": (lambda x: x in GATES, f"must be one of {GATES}"),
-    "kind": (lambda x: x in KINDS, f"must be one of {tuple(KINDS)} (moebench.kinds)"),
+    "kind": (lambda x: x in KINDS, f"must be one of {tuple(KINDS)} (moebench.core.kinds)"),
 }
 # A metric stored as not gating (gate "none") keeps the noise it measured, however wide: that is the
 # reason it does not gate, and it compares AMBIGUOUS whatever its band.

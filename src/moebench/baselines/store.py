@@ -18,9 +18,9 @@ from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.record import prepare_entry
 from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, entry_problems, fingerprint_id, needs_v2,
                                       parse_document, validate_file, validate_metric)
-from moebench.hardware import KEY_RULE, is_key, machine_name
-from moebench.files import temporary_files
-from moebench.metrics import Metric
+from moebench.core.hardware import KEY_RULE, is_key, machine_name
+from moebench.core.files import temporary_files
+from moebench.core.metrics import Metric
 
 
 def dumps(doc: Mapping[str, Any]) -> str:
@@ -247,7 +247,7 @@ def merge_entries(doc: dict | None, hardware_key: str, family: str, fingerprint:
                   updates: Mapping[str, dict],
                   refused: dict[str, list[str]] | None = None) -> tuple[dict, list[EntryChange]]:
     """Return a new document with `updates` (case key -> entry) written over `doc`, and the changes it
-    makes (EntryChange: numbers, which moebench.baseline_lines words). Entries not in `updates` are kept
+    makes (EntryChange: numbers, which moebench.outputs.baseline_lines words). Entries not in `updates` are kept
     as they are, and so is the header's `fingerprint` (see moebench.baselines.schema); each updated entry
     names the machine it was measured on: `fingerprint` (the run's machine) unless the update carries its
     own as an object (a promoted proposal's). Each entry is prepared by record.prepare_entry (the gate it gets, stated: a cliff, a

@@ -1,5 +1,5 @@
 """Writing measured cases into baseline files: explicit, reviewable, atomic, merged under a lock.
-What was written is worded by moebench.baseline_lines."""
+What was written is worded by moebench.outputs.baseline_lines."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.schema import validate_file
 from moebench.baselines.store import dumps, family_path, load_file, locked, looser_tolerances_kept, merge_entries
-from moebench.files import atomic_write_text
-from moebench.hardware import now_iso
+from moebench.core.files import atomic_write_text
+from moebench.core.hardware import now_iso
 
 
 @dataclass

@@ -25,8 +25,8 @@ from typing import Callable, Mapping
 
 from moebench.decode.categories import CATEGORIES, LABELS, category
 from moebench.decode.trace import Kernel, Steps, busy_us
-from moebench.metrics import Metric, relative_spread
-from moebench.report import fmt_pct, fmt_value
+from moebench.core.metrics import Metric, relative_spread
+from moebench.outputs.report import fmt_pct, fmt_value
 
 PREFIX = "step_"  # metric names: step_<category>_ms, step_gpu_busy_ms, step_host_gap_ms
 UNIT = "ms"

@@ -5,9 +5,9 @@ Kernels on two streams overlap (a shared expert beside the routed ones), so the 
 more than the busy time; the busy column splits each busy microsecond among the kernels running in it,
 and adds up to the GPU busy row, the overlap row saying by how much the kernel times exceed it.
 
-Reads cases as the results document holds them (moebench.results.CaseDoc), so the terminal summary, the
+Reads cases as the results document holds them (moebench.results.document.CaseDoc), so the terminal summary, the
 markdown summary and `moebench report` render the same table from the same data. breakdown_tables is
-the decode family's renderer, registered in moebench.family_tables.RENDERERS.
+the decode family's renderer, registered in moebench.outputs.family_tables.RENDERERS.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Iterable
 
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
-from moebench.report import Table, fmt_fixed, fmt_pct
-from moebench.results import CaseDoc
+from moebench.outputs.report import Table, fmt_fixed, fmt_pct
+from moebench.results.document import CaseDoc
 
 HEADER = ["category", "kernel ms/step", "busy ms/step", "busy share", "baseline", "delta", "% of floor"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from moebench.decode import models
 from moebench.decode.scenarios import DecodeCase
-from moebench.sites import site_paths
+from moebench.core.sites import site_paths
 
 SERVED_NAME = "moebench"
 

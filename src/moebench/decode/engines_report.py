@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from moebench.decode.breakdown import PREFIX
 from moebench.decode.categories import CATEGORIES, LABELS
-from moebench.report import Table, fmt_fixed
-from moebench.results import CaseDoc, ResultsDoc
-from moebench.runs import engine_column, rank_group
+from moebench.outputs.report import Table, fmt_fixed
+from moebench.results.document import CaseDoc, ResultsDoc
+from moebench.history.runs import engine_column, rank_group
 
 
 def _choice(case: CaseDoc, what: str) -> str:

@@ -28,13 +28,13 @@ from moebench.decode.server import ServerEngine
 from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
 from moebench.decode.stats import Trial, burst_phrase, check_trial, decode_metrics, implausible, per_trial_summary
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
-from moebench.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
-from moebench.metrics import Metric
-from moebench.ports import free_port
+from moebench.core.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
+from moebench.core.metrics import Metric
+from moebench.core.ports import free_port
 
 
 def metric_kind(s: Scenario, name: str) -> str:
-    """What a gated decode metric is bound by (moebench.kinds), declared here, where the scenario is
+    """What a gated decode metric is bound by (moebench.core.kinds), declared here, where the scenario is
     known: on a CPU, and for a scenario that gates it on a cliff (the tiny and 8-layer host-overhead
     detectors, TTFT), host-bound; else step categories are device kernel time and steady ms/token GPU-bound."""
     if s.device == "cpu" or name in s.cliff_metrics or name == "ttft_ms":

@@ -18,7 +18,7 @@ from moebench.decode import models, sglang_trace, vllm_moe_hook
 from moebench.decode.categories import CATEGORIES, MAP_VERSION
 from moebench.decode.scenario_errors import toml_error
 from moebench.decode.stats import STEADY_WINDOW
-from moebench.method import steady_state_rule
+from moebench.core.method import steady_state_rule
 
 ENGINES = ("vllm", "vllm-server", "sglang-server")
 DEVICES = ("cuda", "cpu")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from moebench.metrics import Metric
+from moebench.core.metrics import Metric
 
 # Tokens per window of the steady-state rate: 16 spans the bursts a loaded server sends (several tokens
 # per stream chunk) and is short against the 64-256 tokens of a trial.

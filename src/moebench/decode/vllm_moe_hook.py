@@ -44,7 +44,7 @@ _DIST = "moebench_vllm_hook-0.1.dist-info"
 def hook_path() -> str:
     """A folder holding the .dist-info that declares `register` as a vLLM general plugin (made once per
     user; returned for the engine's PYTHONPATH)."""
-    from moebench.files import atomic_write_text
+    from moebench.core.files import atomic_write_text
 
     root = Path(tempfile.gettempdir()) / f"moebench-vllm-hook-{os.getuid()}"
     dist = root / _DIST

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from moebench.method import cpu_timer_method, gpu_timer_method
-from moebench.kinds import DEVICE_KERNEL, HOST_BOUND
-from moebench.metrics import Metric
-from moebench.timing import StopRule, cpu_timer, eager_timer, graph_timer
+from moebench.core.method import cpu_timer_method, gpu_timer_method
+from moebench.core.kinds import DEVICE_KERNEL, HOST_BOUND
+from moebench.core.metrics import Metric
+from moebench.core.timing import StopRule, cpu_timer, eager_timer, graph_timer
 
 # Relative error bound (||out - ref|| / ||ref||) against the float32 reference of the (dequantized)
 # weights. fp8 w8a8 also rounds the activations to e4m3 (3 mantissa bits, ~4% RMS per element, twice
@@ -70,7 +70,7 @@ def measure(built, wl, *, ceiling: float, l2_bytes: int | None, rule: StopRule |
             eager: bool = True) -> tuple[dict[str, Metric], dict]:
     """Time the R calls (graph and eager on a GPU, wall clock on CPU) and derive bandwidth, throughput
     and % of the memory floor from a ceiling measured on this device (bytes/s; the suite passes the
-    session's read ceiling, moebench.bandwidth). rule: the stopping rule (default GPU_RULE / CPU_RULE);
+    session's read ceiling, moebench.core.bandwidth). rule: the stopping rule (default GPU_RULE / CPU_RULE);
     eager=False leaves out the eager time (the config sweep ranks configs by graph time only)."""
     info: dict = {}
     if wl.device == "cpu":

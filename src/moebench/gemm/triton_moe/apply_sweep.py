@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from moebench.files import atomic_write_text
+from moebench.core.files import atomic_write_text
 
 TABLE = Path(__file__).with_name("configs.json")
 

@@ -9,7 +9,7 @@
 It builds the case as the sweep does (the gemm family's GemmCase and Workload, the `triton` backend's calls
 with config_for's configuration or --config, a MoEConfig as JSON), checks the output against the float32
 reference (exit 1 if wrong), times the R calls in one CUDA graph (gemm.runner.measure) inside an NVTX range,
-and prints the per-call time and % of the floor at this device's read ceiling (moebench.bandwidth). The
+and prints the per-call time and % of the floor at this device's read ceiling (moebench.core.bandwidth). The
 kernels are in the profiler's report: this only makes them happen as the suite runs them. Nsight Systems
 does not produce reports on the lent machines; ncu does (`ci/lent.sh triton-profile`).
 """

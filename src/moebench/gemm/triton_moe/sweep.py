@@ -9,7 +9,7 @@ reference and the byte count of the floor). Each candidate config is built by th
 calls the suite times, with the config forced), checked by gemm.runner.check on poisoned outputs (wrong or
 failing configs are recorded and skipped) and timed by gemm.runner.measure: the R calls in one CUDA graph
 (timing.graph_timer, with its head start), per-call time = graph time / R, against the floor at the read
-ceiling measured on this device when the sweep starts (moebench.bandwidth). Candidates are searched
+ceiling measured on this device when the sweep starts (moebench.core.bandwidth). Candidates are searched
 coordinate-wise: up-kernel tiles, then down-kernel tiles with the best up, then PDL on/off, plus the
 grouped (tl.dot) path for M >= 8. The JSON holds every result and a "table" of winners in configs.json's
 format (apply_sweep.py merges it).
@@ -26,7 +26,7 @@ import traceback
 from dataclasses import replace
 
 from moebench.gemm.cases import ROTATIONS, GemmCase
-from moebench.timing import StopRule
+from moebench.core.timing import StopRule
 
 MODELS = ("kimi-k2.5", "deepseek-v3")
 PLAN = {"bf16": (1, 2, 4, 8, 16), "int4-g32": (1, 4, 16)}
@@ -200,11 +200,11 @@ def print_table(bench: Bench, results: list[dict], log) -> None:
 
 def setup(smoke: bool, replays: int | None) -> tuple[str, float, StopRule | None]:
     """(device, read ceiling in bytes/s, timing rule): the read ceiling is measured here, as the suite
-    measures it (moebench.bandwidth); replays fixes the number of timed samples (default: the suite's
+    measures it (moebench.core.bandwidth); replays fixes the number of timed samples (default: the suite's
     stopping rule; one sample in the interpreter)."""
     import torch
 
-    from moebench import bandwidth
+    from moebench.core import bandwidth
 
     device = "cuda" if torch.cuda.is_available() and not smoke else "cpu"
     rule = SMOKE_RULE if device == "cpu" else StopRule(min_samples=replays, max_samples=replays) if replays else None
