@@ -135,7 +135,7 @@ def test_malformed_file_is_one_line_exit_2(tmp_path, capsys, content, expect):
 def test_process_level_exit_codes_and_no_traceback(tmp_path):
     """Through the interpreter, as the console script runs it: exit codes and stderr."""
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "moebench.cli.main", *args], capture_output=True, text=True,
+        return subprocess.run([sys.executable, "-m", "moebench", *args], capture_output=True, text=True,
                               cwd=REPO, env={"PYTHONPATH": str(REPO / "src"), "PATH": "/usr/bin:/bin"}, timeout=60)
 
     r = run("compare", str(H200), str(tmp_path / "nope.json"))
@@ -149,6 +149,17 @@ def test_process_level_exit_codes_and_no_traceback(tmp_path):
     assert r.returncode == 2 and "invalid choice: 'frobnicate'" in r.stderr
     r = run("--help")
     assert r.returncode == 0 and all(c in r.stdout for c in ("compare", "backends", "baselines", "report"))
+
+
+def test_the_console_script_names_the_command_line_main():
+    # pyproject's [project.scripts] target must import and be callable: a folder move once left it pointing
+    # at a package without `main` (pip installs it without complaint; the command then fails at start)
+    import importlib
+    import tomllib
+
+    target = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]["moebench"]
+    module, _, func = target.partition(":")
+    assert getattr(importlib.import_module(module), func) is main
 
 
 def test_case_patterns_treat_brackets_literally():

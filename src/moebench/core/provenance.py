@@ -14,6 +14,12 @@ from typing import Any
 from moebench.core.hardware import now_iso
 
 
+def parse_date(s: str) -> datetime:
+    """An ISO date as the harness writes it (hardware.now_iso: '2026-11-29T22:04:32Z'), as an aware datetime."""
+    d = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    return d if d.tzinfo else d.replace(tzinfo=timezone.utc)
+
+
 @lru_cache(maxsize=1)
 def git_commit(cwd: str | None = None) -> str:
     """HEAD's hash, with '-dirty' when the tree has uncommitted changes; 'unknown' outside a checkout.
