@@ -99,7 +99,8 @@ def parse_metric_name(name: str) -> tuple[str, str | None] | None:
     return (key, kernel or None) if key in BY_KEY or key == PCT_KEY else None
 
 
-def _metric(c: Counter, value: float) -> Metric:
+def counter_metric(c: Counter, value: float) -> Metric:
+    """One counter's value as a metric: lower is better, the counter kind's tolerance (COUNTER_REL_TOL)."""
     # gated only above 0: a stored metric is > 0 (the schema), and a 0 has no relative change to gate
     return Metric(value, c.unit, "lower", rel_tol=COUNTER_REL_TOL, gated=c.gated and value > 0,
                   kind=DEVICE_COUNTER)
@@ -112,10 +113,10 @@ def counter_metrics(view: Mapping[str, KernelCounters], read_ceiling: float | No
     out: dict[str, Metric] = {}
     for k in view.values():
         for key, v in k.values.items():
-            out[metric_name(key, k.name)] = _metric(BY_KEY[key], v)
+            out[metric_name(key, k.name)] = counter_metric(BY_KEY[key], v)
         moved = k.values.get("dram_read_bytes", 0.0) + k.values.get("dram_write_bytes", 0.0)
         pct = 100.0 * moved / k.seconds_per_call / read_ceiling if k.seconds_per_call and read_ceiling else math.nan
         out[metric_name(PCT_KEY, k.name)] = Metric(pct, "%", "higher", gated=False, kind=DEVICE_COUNTER)
     for key, v in case_total(view).items():
-        out[metric_name(key)] = _metric(BY_KEY[key], v)
+        out[metric_name(key)] = counter_metric(BY_KEY[key], v)
     return out
