@@ -51,14 +51,15 @@ def test_the_launch_runs_the_child_under_ncu_and_parses_its_table(tmp_path):
 
 def test_no_permission_to_read_counters_is_a_skip_reason_not_a_failure(tmp_path):
     ncu = fake_ncu(tmp_path, prints=(DATA / "err_nvgpuctrperm.txt").read_text(), exit=1)
-    with pytest.raises(NcuUnavailable, match=r"may not read the GPU performance counters here \(ERR_NVGPUCTRPERM - "
-                                             r"The user does not have permission"):
+    want = r"may not read the GPU performance counters here \(ERR_NVGPUCTRPERM - The user does not have permission"
+    with pytest.raises(NcuUnavailable, match=want):
         run_under_ncu(ncu, NCU_METRICS, "m", timeout_s=60)
 
 
 def test_a_failing_ncu_says_its_status_and_last_line(tmp_path):
-    ncu = fake_ncu(tmp_path, prints="==PROF== Connected\nTraceback...\nRuntimeError: CUDA error: out of memory\n", exit=3)
-    with pytest.raises(NcuFailed, match=r"^ncu exited with status 3 running m: RuntimeError: CUDA error: out of memory$"):
+    oom = "RuntimeError: CUDA error: out of memory"
+    ncu = fake_ncu(tmp_path, prints=f"==PROF== Connected\nTraceback...\n{oom}\n", exit=3)
+    with pytest.raises(NcuFailed, match=f"^ncu exited with status 3 running m: {oom}$"):
         run_under_ncu(ncu, NCU_METRICS, "m", timeout_s=60)
 
 

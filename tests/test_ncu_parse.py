@@ -42,7 +42,8 @@ def test_prefixed_units_read_as_base_units():
 @pytest.mark.parametrize("value, unit, want", [
     (24.8, "Mbyte", (24.8e6, "byte")), (3.0, "Gbyte", (3e9, "byte")), (2.5, "Kbyte", (2500.0, "byte")),
     (7.0, "byte", (7.0, "byte")), (1.5, "Minst", (1.5e6, "inst")), (12.0, "inst", (12.0, "inst")),
-    (2.0, "usecond", (2e-6, "second")), (3.0, "ns", (3e-9, "second")), (40.0, "register/thread", (40.0, "register/thread")),
+    (2.0, "usecond", (2e-6, "second")), (3.0, "ns", (3e-9, "second")),
+    (40.0, "register/thread", (40.0, "register/thread")),
     (56.0, "", (56.0, "")), (80.5, "%", (80.5, "%")),
 ])
 def test_normalise(value, unit, want):

@@ -26,7 +26,8 @@ from moebench.core.ncu import Launch, parse_raw_csv
 ENV = "MOEBENCH_NCU"
 PERMISSION = "ERR_NVGPUCTRPERM"
 # NVIDIA's page on the permission error (how an admin lets users read the counters)
-PERMISSION_HELP = "https://developer.nvidia.com/nvidia-development-tools-solutions-ERR_NVGPUCTRPERM-permission-issue-performance-counters"
+PERMISSION_HELP = ("https://developer.nvidia.com/nvidia-development-tools-solutions-ERR_NVGPUCTRPERM-"
+                   "permission-issue-performance-counters")
 _VERSION = re.compile(r"\bVersion\s+(\S+)")
 _TAG = re.compile(r"^==\w+==\s*")  # ncu's "==ERROR== " prefix
 
