@@ -66,7 +66,7 @@ def test_the_regression_line_names_the_kernel_and_counter_that_moved_most():
         cmp(metric_name("dram_read_bytes", "fused_moe_w4_mma"), 24.8e6, 26.3376e6),   # +6.2%
         cmp(metric_name("dram_read_bytes", "moe_align_block_size_kernel"), 4096, 4116),  # +0.5%: PASS
         cmp(metric_name("dram_write_bytes", "fused_moe_w4_mma"), 80e3, 81.6e3),  # +2%
-        cmp(metric_name("dram_read_bytes"), 24.8e6, 26.3e6),  # the case total: not a kernel
+        cmp(metric_name("dram_read_bytes"), 24.8e6, 27.0e6),  # the case total moved more, but names no kernel
     ])
     units = {n: "B" for n in comps}
     assert counter_moved_most(comps, units) == "dram read bytes +6.2% in fused_moe_w4_mma (24.8 -> 26.3 MB)"

@@ -30,6 +30,18 @@ def test_the_table_starts_at_its_header_after_program_output_and_prof_lines():
     assert got[1].values["launch__registers_per_thread"] == 168 and got[1].units["dram__bytes_read.sum"] == "byte"
 
 
+def test_ncu_lines_after_the_table_are_not_rows():
+    # ncu may print its own lines after the table too ("==PROF== Disconnected", warnings)
+    text = (DATA / "raw_base_units.csv").read_text() + "==PROF== Disconnected from process 41873\n==WARNING== x\n"
+    assert len(parse_raw_csv(text, NCU_METRICS)) == 6
+
+
+def test_a_row_of_the_wrong_width_names_its_line():
+    text = (DATA / "raw_base_units.csv").read_text() + "program output after the table\n"
+    with pytest.raises(NcuFormatError, match=r"^f\.csv: line 14: 1 fields, the header has 17$"):
+        parse_raw_csv(text, NCU_METRICS, source="f.csv")
+
+
 def test_prefixed_units_read_as_base_units():
     auto, base = launches("raw_auto_units.csv"), launches()
     mma_auto = auto[1].values
