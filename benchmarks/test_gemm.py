@@ -61,6 +61,8 @@ def _workload(shape_case: GemmCase, device: str):
 
 
 def test_gemm(case: GemmCase, moebench, request):
+    from moebench.core import hardware
+    from moebench.gemm import counters as gemm_counters
     from moebench.gemm import runner
 
     device, cc, l2 = _device()
@@ -83,10 +85,21 @@ def test_gemm(case: GemmCase, moebench, request):
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
             "chart": chart, **built.info}
 
+    # request is None where a unit test calls test_gemm itself (tests/test_gemm_runner.py)
+    counting = request is not None and bool(request.config.getoption("counters", default=False))
+
     def measure():
         metrics, extra = runner.measure(built, wl, ceiling=ceiling, l2_bytes=l2)
         info.update(extra)
+        if counting:  # one more run under ncu; a machine that cannot count says why and the timing stands
+            counted, info["counters"] = gemm_counters.count(case, device, ceiling,
+                                                            gemm_counters.tool_of(hardware.fingerprint()))
+            metrics.update(counted)
+            if not counted:
+                moebench.progress(f"{case.key}: counters not recorded: {next(iter(info['counters'].values()))}")
         return metrics
 
-    moebench.record(case.key, "gemm", runner.definition(case, device), measure, info=info,
-                    primary="wall_us" if device == "cpu" else "graph_us", group=case.shape_id)
+    definition = {**runner.definition(case, device), **gemm_counters.definition_part(counting, device)}
+    moebench.record(case.key, "gemm", definition, measure, info=info,
+                    primary="wall_us" if device == "cpu" else "graph_us", group=case.shape_id,
+                    explain=gemm_counters.explain if counting else None)

@@ -25,6 +25,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterator
 
+from moebench.core.ncu_launch import find_ncu
+
 # Throttle reasons that make a measurement unclean. Power capping is recorded but not counted: a
 # compute-bound H200 GEMM sits at its power cap by design, and counting it would make every such case
 # AMBIGUOUS forever. Thermal and hardware slowdowns are not the code's doing, so they are counted.
@@ -197,7 +199,8 @@ def machine_id(fp: dict[str, Any]) -> str:
 
 @lru_cache(maxsize=1)
 def fingerprint() -> dict[str, Any]:
-    """What this machine is: GPUs (visible ones), driver, CUDA, topology, CPU, package versions."""
+    """What this machine is: GPUs (visible ones), driver, CUDA, topology, CPU, package versions, and ncu (path
+    and version) where there is one."""
     fp: dict[str, Any] = {
         "host": platform.node(),
         "cpu": {"model": _cpu_model(), "cores": os.cpu_count(), "machine": platform.machine()},
@@ -205,6 +208,9 @@ def fingerprint() -> dict[str, Any]:
         "versions": package_versions(),
         "gpus": [],
     }
+    ncu = find_ncu()
+    if ncu.path:  # only where there is one: a machine without ncu keeps its fingerprint (and its id)
+        fp["ncu"] = {"path": ncu.path, "version": ncu.version}
     pynvml = _nvml()
     if pynvml is None:
         fp["machine_id"] = machine_id(fp)

@@ -19,6 +19,10 @@ hardware, so one fallback for all of them is either too wide for kernels or too 
   is visible there: 50%, whose noise band (2x) is a doubling, compare.CLIFF.
 - device collective (NCCL allreduce at prefill sizes): moved +6..+11% between runs on two H200s; never
   recorded on two machines of one kind, so 5%, the fallback every metric had before kinds existed.
+- device counter (Nsight Compute counts of one kernel's work: DRAM bytes, instructions, moebench.core.ncu):
+  the same code on the same data counts the same, so a counter gates at COUNTER_REL_TOL (1%) or outside twice
+  its stored noise (an A/A of 3 runs), whichever is wider: compare.compare_metric's rule with rel_tol 1%.
+  Between machines of one kind it was never measured; 1% is assumed until a fresh-machine A/A says otherwise.
 - unknown (an entry recorded before kinds existed, whose measurement declares none either): 5%, as
   before, so an old entry gates as it did.
 
@@ -43,6 +47,7 @@ DEVICE_KERNEL = "device_kernel"
 GPU_DECODE = "gpu_decode"
 HOST_BOUND = "host_bound"
 DEVICE_COLLECTIVE = "device_collective"
+DEVICE_COUNTER = "device_counter"
 UNKNOWN = "unknown"
 
 KINDS: dict[str, Kind] = {k.name: k for k in (
@@ -50,6 +55,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind(GPU_DECODE, "GPU-bound decode", 0.03),
     Kind(HOST_BOUND, "host-bound", 0.50),
     Kind(DEVICE_COLLECTIVE, "device collective", 0.05),
+    Kind(DEVICE_COUNTER, "hardware counter", 0.01),
     Kind(UNKNOWN, "a metric of no recorded kind", 0.05),
 )}
 
@@ -57,6 +63,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
 # 1% gates at 3% (twice the spread stays inside the tolerance, and a 4% slowdown is caught anywhere).
 TIGHT_SPREAD = 0.01
 TIGHT_REL_TOL = 0.03
+# A counter that should not move (bytes, instructions) gates at 1%; the gate widens it to NOISE_FACTOR x the
+# stored noise where an A/A showed more (compare.compare_metric needs both to call a REGRESSION).
+COUNTER_REL_TOL = 0.01
 
 
 def timed_on(device: str) -> str:

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from moebench.decode.options import add_decode_options
+from moebench.gemm.options import add_gemm_options
 
 Adder = Callable[[Any], None]
 
-ADDERS: tuple[Adder, ...] = (add_decode_options,)
+ADDERS: tuple[Adder, ...] = (add_decode_options, add_gemm_options)
 
 
 def add_family_options(group: Any) -> None:

@@ -1,0 +1,110 @@
+"""Finding ncu and running a child Python process under it.
+
+Discovery is cheap and never fails (the hardware fingerprint calls it): MOEBENCH_NCU names the executable,
+else `ncu` on PATH; its version is `ncu --version`'s "Version X" line, None when that cannot be read.
+
+The launch profiles only the child's measured window: `--profile-from-start off`, and the child brackets its
+window with cudaProfilerStart/Stop (torch.cuda.profiler.start/stop). It pins what the counters mean:
+`--cache-control all` (ncu's default, caches flushed before each profiled kernel, so DRAM bytes are the
+bytes a cold L2 reads), `--clock-control none` (the GPU's own clocks, as the timer sees them) and
+`--print-units base` (unscaled values, no rounding to 4 digits). A machine whose ncu cannot read the counters
+(ERR_NVGPUCTRPERM) raises NcuUnavailable: a skip with its reason, not a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Sequence
+
+from moebench.core.ncu import Launch, parse_raw_csv
+
+ENV = "MOEBENCH_NCU"
+PERMISSION = "ERR_NVGPUCTRPERM"
+# NVIDIA's page on the permission error (how an admin lets users read the counters)
+PERMISSION_HELP = ("https://developer.nvidia.com/nvidia-development-tools-solutions-ERR_NVGPUCTRPERM-"
+                   "permission-issue-performance-counters")
+_VERSION = re.compile(r"\bVersion\s+(\S+)")
+_TAG = re.compile(r"^==\w+==\s*")  # ncu's "==ERROR== " prefix
+
+
+class NcuUnavailable(Exception):
+    """ncu cannot count here (not installed, or no permission to read the counters): the reason is a skip's."""
+
+
+class NcuFailed(RuntimeError):
+    """ncu or its child failed: one line saying how (exit status and the last line it wrote, or a timeout)."""
+
+
+@dataclass(frozen=True)
+class NcuTool:
+    """Where ncu is (None: not found) and its version (None: not readable)."""
+
+    path: str | None
+    version: str | None
+
+
+def find_ncu() -> NcuTool:
+    """MOEBENCH_NCU if set (and an executable file), else `ncu` on PATH; with `ncu --version`. Never raises."""
+    try:
+        named = os.environ.get(ENV)
+        path = named if named and os.path.isfile(named) and os.access(named, os.X_OK) else None
+        path = path if named else shutil.which("ncu")
+        return NcuTool(path, ncu_version(path) if path else None)
+    except Exception:  # the fingerprint must not fail on a strange PATH
+        return NcuTool(None, None)
+
+
+def ncu_version(path: str, timeout_s: float = 20.0) -> str | None:
+    """The version `ncu --version` prints ("2024.3.2.0"), or None when it cannot be run or read."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _VERSION.search(out.stdout + "\n" + out.stderr)
+    return m.group(1) if m else None
+
+
+def why_unavailable(tool: NcuTool) -> str | None:
+    """The skip reason of a machine without a usable ncu, else None."""
+    if tool.path is None:
+        named = os.environ.get(ENV)
+        if named:
+            return f"{ENV}={named} is not an executable file"
+        return f"no ncu: not on PATH and {ENV} is not set (Nsight Compute counts the hardware counters)"
+    return None
+
+
+def ncu_command(ncu: str, metrics: Sequence[str], module: str, args: Sequence[str],
+                python: str = sys.executable) -> list[str]:
+    """The command line that runs `python -m module args` under ncu (see the module docstring)."""
+    return [ncu, "--csv", "--page", "raw", "--print-units", "base", "--clock-control", "none",
+            "--cache-control", "all", "--profile-from-start", "off", "--metrics", ",".join(metrics),
+            "--target-processes", "all", python, "-m", module, *args]
+
+
+def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[str] = (), *,
+                  timeout_s: float = 600.0, env: dict | None = None, python: str = sys.executable) -> list[Launch]:
+    """Run the child under ncu and return its profiled launches. Raises NcuUnavailable when ncu may not read
+    the counters (ERR_NVGPUCTRPERM), NcuFailed when it or the child fails or runs past timeout_s, and
+    NcuFormatError (a ValueError) when its output is not the table it should be."""
+    cmd = ncu_command(ncu, metrics, module, args, python)
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+    except subprocess.TimeoutExpired:
+        raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s: {' '.join(cmd[-3 - len(args):])}") from None
+    except OSError as e:
+        raise NcuFailed(f"ncu could not be started ({ncu}): {e}") from None
+    both = out.stdout + "\n" + out.stderr
+    if PERMISSION in both:
+        line = next((ln.strip() for ln in both.splitlines() if PERMISSION in ln), PERMISSION)
+        raise NcuUnavailable(f"ncu may not read the GPU performance counters here ({_TAG.sub('', line)}); "
+                             f"see {PERMISSION_HELP}")
+    if out.returncode != 0:
+        last = next((ln.strip() for ln in reversed(both.splitlines()) if ln.strip()), "no output")
+        raise NcuFailed(f"ncu exited with status {out.returncode} running {module}: {last}")
+    return parse_raw_csv(out.stdout, metrics, source=f"ncu output of {module}")

@@ -1,0 +1,54 @@
+"""The process ncu profiles for one gemm case (`python -m moebench.gemm.counter_child --case <id>`).
+
+It builds the case as benchmarks/test_gemm.py does (same workload: seeded weights, R rotated routings and
+inputs), runs every rotation once outside the profiled range (JIT compilation, autotuning and the first-call
+allocations stay out of the counters), then profiles one window: cudaProfilerStart, each of the R calls once
+(the timer's rotations), cudaProfilerStop. ncu runs with --profile-from-start off, so only that window is
+counted. It prints nothing on stdout, where ncu writes its table.
+
+NOT YET RUN ON A GPU (this file was written on a CPU box, no CUDA): the H200 half of docs/counters.md runs
+it first, and checks that the window holds exactly the kernels the timed graph replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Profile one window of the case named by --case (a GemmCase id) on cuda:0; 0 on success."""
+    ap = argparse.ArgumentParser(prog="python -m moebench.gemm.counter_child")
+    ap.add_argument("--case", required=True, help="a gemm case id (GemmCase.id)")
+    ap.add_argument("--calls", type=int, default=None, help="calls in the window (default: the case's R)")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import ALL_CASES, GemmCase
+    from moebench.gemm.workload import Workload
+
+    case = next((c for c in ALL_CASES if c.id == args.case), None)
+    if case is None:
+        print(f"counter_child: no gemm case {args.case!r}", file=sys.stderr)
+        return 2
+    wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), "cuda")
+    built = BACKENDS[case.backend].build(case, wl)
+    calls = args.calls or wl.R
+    if calls != wl.R:
+        print(f"counter_child: the window is the case's {wl.R} rotations, got --calls {calls}", file=sys.stderr)
+        return 2
+    for call in built.calls:  # warm: compile, autotune, allocate, outside the counted window
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    for call in built.calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

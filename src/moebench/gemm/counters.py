@@ -1,0 +1,67 @@
+"""The gemm family's counters (--counters): one more run of a case under ncu, its kernels' counters as metrics.
+
+The child (moebench.gemm.counter_child) builds the case as the test does and profiles one window: the R
+rotated calls the timer times, each once, so the counters count the experts the timer's rotations touch; a
+counter of work is per call (sum over the window / R). That is the case definition's `counters` entry
+(COUNTING), present when --counters is on. A machine without a GPU or a usable ncu records why in the case's
+info["counters"] and times the case as usual; so does an ncu or child failure (its one line is recorded).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from moebench.core.metrics import Metric
+from moebench.core.ncu import NcuFormatError
+from moebench.core.ncu_kernels import NCU_METRICS, counter_metrics, per_kernel
+from moebench.core.ncu_launch import NcuFailed, NcuTool, NcuUnavailable, run_under_ncu, why_unavailable
+from moebench.gemm.cases import ROTATIONS, GemmCase
+from moebench.outputs.counter_lines import counter_moved_most
+
+CHILD = "moebench.gemm.counter_child"
+TIMEOUT_S = 600.0
+# What the counters count, in the case definition: a change (another window, other flags) makes entries STALE.
+COUNTING = {"tool": "ncu", "metrics": list(NCU_METRICS),
+            "window": f"the {ROTATIONS} rotated calls the timer times, each once; per call = sum over the window / "
+                      f"{ROTATIONS}",
+            "flags": "--page raw --print-units base --clock-control none --cache-control all "
+                     "--profile-from-start off --target-processes all"}
+
+
+def definition_part(counters: bool, device: str) -> dict:
+    """The definition's `counters` entry: COUNTING when --counters is on for a GPU case, else nothing."""
+    return {"counters": COUNTING} if counters and device != "cpu" else {}
+
+
+def tool_of(fingerprint: Mapping) -> NcuTool:
+    """The ncu the hardware fingerprint found (path and version; none when it found none)."""
+    found = fingerprint.get("ncu") or {}
+    return NcuTool(found.get("path"), found.get("version"))
+
+
+def count(case: GemmCase, device: str, read_ceiling: float | None, tool: NcuTool, *, calls: int = ROTATIONS,
+          timeout_s: float = TIMEOUT_S) -> tuple[dict[str, Metric], dict]:
+    """The case's counter metrics and what to record of them (info["counters"]): {"ncu", "version",
+    "kernels"} when counted, {"skipped": reason} when this machine cannot count, {"failed": line} when ncu
+    or the child failed. Never raises for those: the timing of the case stands."""
+    if device == "cpu":
+        return {}, {"skipped": "counters need a GPU: ncu profiles CUDA kernels"}
+    why = why_unavailable(tool)
+    if why:
+        return {}, {"skipped": why}
+    try:
+        launches = run_under_ncu(tool.path, NCU_METRICS, CHILD, ["--case", case.id, "--calls", str(calls)],
+                                 timeout_s=timeout_s)
+    except NcuUnavailable as e:
+        return {}, {"skipped": str(e)}
+    except (NcuFailed, NcuFormatError) as e:
+        return {}, {"failed": str(e)}
+    view = per_kernel(launches, calls)
+    info = {"ncu": tool.path, "version": tool.version, "calls": calls,
+            "kernels": {k.name: {"launches_per_call": k.launches_per_call, **k.values} for k in view.values()}}
+    return counter_metrics(view, read_ceiling), info
+
+
+def explain(comparisons, metrics: Mapping[str, Metric]) -> str:
+    """The verdict's phrase: the kernel counter that moved most (outputs.counter_lines), "" if none did."""
+    return counter_moved_most(comparisons, {n: m.unit for n, m in metrics.items()})
