@@ -99,7 +99,9 @@ def test_gemm(case: GemmCase, moebench, request):
                 moebench.progress(f"{case.key}: counters not recorded: {next(iter(info['counters'].values()))}")
         return metrics
 
-    definition = {**runner.definition(case, device), **gemm_counters.definition_part(counting, device)}
-    moebench.record(case.key, "gemm", definition, measure, info=info,
+    moebench.record(case.key, "gemm", runner.definition(case, device), measure, info=info,
                     primary="wall_us" if device == "cpu" else "graph_us", group=case.shape_id,
                     explain=gemm_counters.explain if counting else None)
+    failed = gemm_counters.failure(info) if counting else None
+    if failed:
+        pytest.fail(f"{case.key}: {failed}", pytrace=False)

@@ -34,10 +34,10 @@ def test_counters_is_a_gemm_option_registered_through_family_options_and_off_by_
     assert g.options["--counters"]["default"] is False and g.options["--counters"]["action"] == "store_true"
 
 
-def test_the_definition_says_how_it_counts_only_with_counters_on_a_gpu():
-    part = counters.definition_part(True, "cuda")
-    assert "16 rotated calls the timer times" in part["counters"]["window"]
-    assert counters.definition_part(False, "cuda") == {} and counters.definition_part(True, "cpu") == {}
+def test_only_a_failed_count_fails_the_case_and_its_line_says_the_timing_stands():
+    assert counters.failure({"counters": {"skipped": "no ncu"}}) is None and counters.failure({}) is None
+    line = counters.failure({"counters": {"failed": "ncu exited 1: boom"}})
+    assert line == "--counters: the case was timed and gated, but not counted: ncu exited 1: boom"
 
 
 def test_no_gpu_or_no_ncu_is_a_reason_not_a_failure(monkeypatch):
@@ -64,24 +64,43 @@ def test_a_counted_case_records_each_kernels_counters_and_what_ran(tmp_path):
     assert metrics["ncu_dram_read_bytes@fused_moe_w4_mma"].value == (16_515_072 + 8_257_536 + 16_777_216
                                                                      + 8_388_608) / 2
     assert info["version"] == "2024.3.2.0" and info["kernels"]["fused_moe_w4_mma"]["launches_per_call"] == 2
+    assert "16 rotated calls the timer times" in info["counting"]["window"]  # how it counted, with the run
 
 
-def test_with_counters_on_a_cpu_case_still_times_and_records_why_it_did_not_count():
+def _bench_with_fake_record(counters_on: bool):
+    """benchmarks/test_gemm.py's test_gemm on CASE with a fake `moebench` fixture: (definition, metrics, kwargs)
+    of what it recorded, or the pytest failure it raised."""
     spec = importlib.util.spec_from_file_location("benchmarks_test_gemm", REPO / "benchmarks" / "test_gemm.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     from moebench.gemm.workload import Workload
 
+    if bench._device()[0] != "cpu":
+        pytest.skip("this test is for a CPU box")
     bench._workload = lambda shape, device: Workload(shape, device, rotations=2)
     recorded = []
     moebench = type("FakeBench", (), {
         "progress": lambda self, msg: None, "ceiling": lambda self, dev, kind: 1e9,
         "record": lambda self, key, family, definition, measure, **kw: recorded.append((definition, measure(), kw))})()
-    config = type("Config", (), {"getoption": lambda self, name, default=None: name == "counters"})()
+    config = type("Config", (), {"getoption": lambda self, name, default=None: counters_on and name == "counters"})()
     bench.test_gemm(CASE, moebench, type("Request", (), {"config": config})())
-    [(definition, metrics, kw)] = recorded
-    if bench._device()[0] != "cpu":
-        pytest.skip("this test is for a CPU box")
+    [found] = recorded
+    return found
+
+
+def test_with_counters_on_a_cpu_case_still_times_and_records_why_it_did_not_count():
+    definition, metrics, kw = _bench_with_fake_record(True)
     assert "wall_us" in metrics
     assert kw["info"]["counters"] == {"skipped": "counters need a GPU: ncu profiles CUDA kernels"}
-    assert "counters" not in definition and kw["explain"] is counters.explain
+    assert kw["explain"] is counters.explain
+
+
+def test_counters_on_or_off_leave_the_case_definition_alone():
+    # the definition is the timing entry's identity: --counters must not make it STALE when turned on or off
+    assert _bench_with_fake_record(True)[0] == _bench_with_fake_record(False)[0]
+
+
+def test_a_count_that_failed_fails_the_case_after_its_timing_was_recorded(monkeypatch):
+    monkeypatch.setattr(counters, "count", lambda *a, **k: ({}, {"failed": "ncu exited 1: boom"}))
+    with pytest.raises(pytest.fail.Exception, match="not counted: ncu exited 1: boom"):
+        _bench_with_fake_record(True)

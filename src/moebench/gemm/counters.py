@@ -2,9 +2,12 @@
 
 The child (moebench.gemm.counter_child) builds the case as the test does and profiles one window: the R
 rotated calls the timer times, each once, so the counters count the experts the timer's rotations touch; a
-counter of work is per call (sum over the window / R). That is the case definition's `counters` entry
-(COUNTING), present when --counters is on. A machine without a GPU or a usable ncu records why in the case's
-info["counters"] and times the case as usual; so does an ncu or child failure (its one line is recorded).
+counter of work is per call (sum over the window / R). How it counts (COUNTING) is recorded with every counted
+run (info["counters"]["counting"]) and not in the case definition: turning --counters on or off must not make
+the case's timing entry STALE. A change to COUNTING changes what the counter metrics mean: re-record them
+(docs/counters.md). A machine without a GPU or a usable ncu records why in the case's info["counters"] and times
+the case as usual; an ncu or child failure is recorded too, and the test fails on it after the timing is gated
+(failure()): --counters was asked for and did not count.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from moebench.outputs.counter_lines import counter_moved_most
 
 CHILD = "moebench.gemm.counter_child"
 TIMEOUT_S = 600.0
-# What the counters count, in the case definition: a change (another window, other flags) makes entries STALE.
+# How the counters count, recorded with each counted run: another window or other flags change what they mean.
 COUNTING = {"tool": "ncu", "metrics": list(NCU_METRICS),
             "window": f"the {ROTATIONS} rotated calls the timer times, each once; per call = sum over the window / "
                       f"{ROTATIONS}",
@@ -28,9 +31,11 @@ COUNTING = {"tool": "ncu", "metrics": list(NCU_METRICS),
                      "--profile-from-start off --target-processes all"}
 
 
-def definition_part(counters: bool, device: str) -> dict:
-    """The definition's `counters` entry: COUNTING when --counters is on for a GPU case, else nothing."""
-    return {"counters": COUNTING} if counters and device != "cpu" else {}
+def failure(info: Mapping) -> str | None:
+    """The line to fail the case with when ncu or the child failed (info["counters"]["failed"]), else None: a
+    machine that cannot count (no GPU, no ncu, no permission) is a recorded reason, not a failure."""
+    failed = (info.get("counters") or {}).get("failed")
+    return f"--counters: the case was timed and gated, but not counted: {failed}" if failed else None
 
 
 def tool_of(fingerprint: Mapping) -> NcuTool:
@@ -57,7 +62,7 @@ def count(case: GemmCase, device: str, read_ceiling: float | None, tool: NcuTool
     except (NcuFailed, NcuFormatError) as e:
         return {}, {"failed": str(e)}
     view = per_kernel(launches, calls)
-    info = {"ncu": tool.path, "version": tool.version, "calls": calls,
+    info = {"ncu": tool.path, "version": tool.version, "calls": calls, "counting": COUNTING,
             "kernels": {k.name: {"launches_per_call": k.launches_per_call, **k.values} for k in view.values()}}
     return counter_metrics(view, read_ceiling), info
 
