@@ -38,7 +38,8 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
   done
   [ ${#parts[@]} -gt 0 ] || return 0
   tar -C "$scratch" --exclude='*-profile' -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
-  if [ "$step" = record-kimi ] || [ "$step" = gate-vllm ]; then  # the SGLang and vLLM traces, for the category map
+  # the SGLang and vLLM traces, for the category map and for ci/rederive_breakdown.py
+  if [ "$step" = record-kimi ] || [ "$step" = record-glm ] || [ "$step" = gate-vllm ]; then
     # tar globs no member names when it creates an archive: the shell expands the pattern (run 1 sent none)
     local traces=()
     for d in "$logs/$step"/*/*-profile; do [ -d "$d" ] && traces+=("${d#"$scratch"/}"); done
