@@ -11,6 +11,8 @@ import functools
 
 import pytest
 
+from moebench.core import hardware
+from moebench.gemm import counters as gemm_counters
 from moebench.gemm.backends import BACKENDS
 from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
 from moebench.plugin import marker_names_in
@@ -61,8 +63,6 @@ def _workload(shape_case: GemmCase, device: str):
 
 
 def test_gemm(case: GemmCase, moebench, request):
-    from moebench.core import hardware
-    from moebench.gemm import counters as gemm_counters
     from moebench.gemm import runner
 
     device, cc, l2 = _device()

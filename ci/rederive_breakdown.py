@@ -50,7 +50,10 @@ def rederive(case_doc: dict, profile: Path, steps: int) -> dict:
         trace = find_decode_trace(profile)
         b = read_breakdown(trace, steps)
     else:
-        [trace] = sorted(profile.rglob("*.json*"))
+        traces = sorted(profile.rglob("*.json*"))
+        if len(traces) != 1:
+            raise ValueError(f"{profile}: {len(traces)} trace files, not 1 (the runner writes one per profiled trial)")
+        [trace] = traces
         b = breakdown(split_steps(load_events(trace), steps, str(trace)))
     for c in CATEGORIES:  # the stored breakdown keeps 4 decimals
         stored = case_doc["info"]["breakdown"]["categories"].get(c, {}).get("ms_per_step")

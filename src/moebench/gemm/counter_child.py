@@ -1,10 +1,11 @@
 """The process ncu profiles for one gemm case (`python -m moebench.gemm.counter_child --case <id>`).
 
 It builds the case as benchmarks/test_gemm.py does (same workload: seeded weights, R rotated routings and
-inputs), runs every rotation once outside the profiled range (JIT compilation, autotuning and the first-call
-allocations stay out of the counters), then profiles one window: cudaProfilerStart, each of the R calls once
-(the timer's rotations), cudaProfilerStop. ncu runs with --profile-from-start off, so only that window is
-counted. It prints nothing on stdout, where ncu writes its table.
+inputs), checks its output against the float32 reference as the test does (a wrong kernel is not counted:
+the child exits non-zero and the case fails), runs every rotation once outside the profiled range (JIT
+compilation, autotuning and the first-call allocations stay out of the counters), then profiles one window:
+cudaProfilerStart, each of the R calls once (the timer's rotations), cudaProfilerStop. ncu runs with
+--profile-from-start off, so only that window is counted. It prints nothing on stdout, where ncu writes its table.
 
 NOT YET RUN ON A GPU (this file was written on a CPU box, no CUDA): the H200 half of docs/counters.md runs
 it first, and checks that the window holds exactly the kernels the timed graph replays.
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from moebench.gemm import runner
     from moebench.gemm.backends import BACKENDS
     from moebench.gemm.cases import ALL_CASES, GemmCase
     from moebench.gemm.workload import Workload
@@ -34,11 +36,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"counter_child: no gemm case {args.case!r}", file=sys.stderr)
         return 2
     wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), "cuda")
-    built = BACKENDS[case.backend].build(case, wl)
     calls = args.calls or wl.R
     if calls != wl.R:
         print(f"counter_child: the window is the case's {wl.R} rotations, got --calls {calls}", file=sys.stderr)
         return 2
+    backend = BACKENDS[case.backend]
+    built = backend.build(case, wl)
+    try:  # correct before counted, with the test's own check and bounds (outside the profiled range)
+        runner.check(built, wl, backend.error_bounds.get(case.dtype), key=case.key)
+    except AssertionError as e:
+        print(f"counter_child: {e}", file=sys.stderr)
+        return 1
     for call in built.calls:  # warm: compile, autotune, allocate, outside the counted window
         call()
     torch.cuda.synchronize()
