@@ -29,7 +29,7 @@ scratch=${MOEBENCH_LENT_SCRATCH:-/tmp/moebench-lent}
 logs=$scratch/engine-logs
 export MOEBENCH_SGLANG_SITE=${MOEBENCH_SGLANG_SITE:-/tmp/site-sglang}
 mkdir -p "$out" "$logs"
-first_rc=0
+. ci/job_steps.sh  # step, install, finish
 
 pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) and its log, into $out
   local step=$1 parts=()
@@ -56,34 +56,8 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
   rm -rf "$scratch"/decode-engines-record "$scratch"/decode-engines-gate
 }
 
-step() {  # step NAME CMD...: run, time, pack; remember the first failure
-  local name=$1 t0=$SECONDS rc
-  shift
-  echo "== step $name at $(date -u +%H:%M:%S): $*"
-  "$@" >"$scratch/$name.log" 2>&1
-  rc=$?
-  grep -E '^== |moebench: .*(engine|steady|server starting|instance|breakdown)|(PASS|REGRESSION|IMPROVEMENT|AMBIGUOUS|NEW|STALE|FAIL|ERROR) ' \
-    "$scratch/$name.log" | tail -n 40
-  # the rows that did not pass, with their notes (the reason, "moved most: ..."), from the pass's summary
-  grep -hE '^\| (FAIL|ERROR|REGRESSION|IMPROVEMENT|AMBIGUOUS|STALE|ENV_MISMATCH) ' \
-    "$scratch"/decode-engines-record/summary.md "$scratch"/decode-engines-gate/summary.md 2>/dev/null | cut -c1-600
-  echo "== step $name: exit $rc after $((SECONDS - t0)) s"
-  pack "$name"
-  [ "$rc" -ne 0 ] && [ "$first_rc" -eq 0 ] && first_rc=$rc
-  return 0
-}
-
 lent() { ci/lent.sh decode-engines --scratch "$scratch" --out "$scratch/lent-out" "$@"; }
 sglang() { lent --site none "$@"; }
-
-install() {  # install NAME TARGET [WAIT_S]: a staged engine's kept parts, waiting for the last ones
-  local keep=/root/stage-$1 t0=$SECONDS
-  until python3 ci/stage_engine.py install --keep "$keep" --target "$2"; do
-    [ $((SECONDS - t0)) -lt "${3:-0}" ] || { echo "== install $1 failed"; return 1; }
-    sleep 10
-  done
-  echo "== install $1: $((SECONDS - t0)) s"
-}
 
 for s in "$@"; do
   case "$s" in
@@ -111,5 +85,4 @@ for s in "$@"; do
     *) echo "ci/engines_h200.sh: error: unknown step '$s' (see the header)" >&2; exit 2 ;;
   esac
 done
-echo "== all steps done: exit $first_rc"
-exit "$first_rc"
+finish

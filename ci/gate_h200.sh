@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Issue 36's measurements on one lent H200 (the gate as tight on any machine of the kind as on the one that
+# recorded it), in one job (ci/device_job.sh runs it in the background across device calls). Each step
+# leaves what it measured in $JOB_OUT, written complete (a dot name renamed), so a `wait --collect` never
+# brings back half a file:
+#
+#   install-vllm     vLLM's kept parts installed (ci/stage_engine.py; waits up to 5 minutes for the last)
+#   gemm-aa          the default gemm selection and the selfcheck (-m "(gemm and not full) or selfcheck"),
+#                    MOEBENCH_AA_RUNS times (default 3), each a separate process gated against the committed
+#                    baselines: a fresh-machine A/A, and independent runs to promote (run-<i>.json, and the
+#                    A/A table in gemm-aa.log); no run starts that would end past MOEBENCH_AA_BUDGET_S
+#                    (default 1300)
+#   decode-gate      the default decode selection but SGLang's (-m decode -k "not sglang": in-process Marlin,
+#                    server, w4, mma) gated against the committed baselines, MOEBENCH_DECODE_INSTANCES engine
+#                    instances each (default 1): decode-gate.tgz
+#   plant-marlin     ci/planted's gemm plugin holding the stream MOEBENCH_PLANT_MARLIN_CYCLES GPU cycles
+#                    (default 800, about 3.5% of Kimi's Marlin M=1 call) before each Kimi M=1 Marlin call,
+#                    -m "gemm and vllm_marlin" gated: that one case must fail, the others pass (plant-marlin.json)
+#   plant-attention  ci/planted's vLLM plugin running one MLA decode attention call in round(1/F) twice
+#                    (MOEBENCH_PLANT_ATTENTION, default 0.07) on the in-process Kimi INT4 rank, gated: it must
+#                    fail on step_attention_ms, "moved most: attention" (plant-attention.tgz)
+#
+#   ci/gate_h200.sh STEP...     e.g. `install-vllm gemm-aa decode-gate`
+#
+# Needs JOB_OUT; the tree has no .git there, so MOEBENCH_COMMIT names it (the runs' provenance). A failing
+# step does not stop the next; the exit code is the first failing step's, 0 when all passed (2: an unknown
+# step, nothing run).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+out=${JOB_OUT:?JOB_OUT is not set: run through ci/device_job.sh}
+scratch=${MOEBENCH_LENT_SCRATCH:-/tmp/moebench-lent}
+mkdir -p "$out" "$scratch"
+. ci/job_steps.sh  # step, install, finish
+
+for s in "$@"; do  # every step named is known before any runs: a typo costs no device time
+  case "$s" in
+    install-vllm|gemm-aa|decode-gate|plant-marlin|plant-attention) ;;
+    *) echo "ci/gate_h200.sh: error: unknown step '$s' (see the header)" >&2; exit 2 ;;
+  esac
+done
+
+pack() {  # pack STEP: the step's log, and its pass folders (ci/lent.sh steps) as STEP.tgz, into $out
+  local step=$1 parts=()
+  cp -p "$scratch/$step.log" "$out/.$step.log" 2>/dev/null && mv "$out/.$step.log" "$out/$step.log"
+  for d in "$scratch"/decode-record "$scratch"/decode-gate; do [ -e "$d" ] && parts+=("${d#"$scratch"/}"); done
+  [ ${#parts[@]} -gt 0 ] || return 0
+  tar -C "$scratch" -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
+  rm -rf "$scratch"/decode-record "$scratch"/decode-gate
+}
+
+# the suite's own environment on this machine, as ci/lent.sh sets it (src, the staged vLLM, NVLink
+# multicast off, one GPU), for the steps that call pytest or moebench directly; PLANTED=1 puts ci/planted
+# in front (its plugins)
+in_suite() {
+  (
+    site_path=""
+    [ -d /tmp/site ] && site_path=$(PYTHONPATH="$PWD/src" python3 -m moebench.core.sites /tmp/site)
+    export PYTHONPATH="$PWD/src${site_path:+:$site_path}${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 \
+      VLLM_USE_FLASHINFER_SAMPLER=0 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+      CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}
+    [ "${PLANTED:-0}" = 1 ] && export PYTHONPATH="$PWD/ci/planted:$PYTHONPATH"
+    exec "$@"
+  )
+}
+
+decode_lent() { ci/lent.sh decode --scratch "$scratch" --out "$scratch/lent-out" --pass gate "$@"; }
+
+for s in "$@"; do
+  case "$s" in
+    install-vllm) install vllm-0.21.0 /tmp/site 300 || { [ "$first_rc" -eq 0 ] && first_rc=1; } ;;
+    gemm-aa) step gemm-aa in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
+      --budget-s "${MOEBENCH_AA_BUDGET_S:-1300}" --out "$out" -- benchmarks/ -m "(gemm and not full) or selfcheck" ;;
+    # SGLang is not staged by this job: its entries would read as strict skips
+    decode-gate) step decode-gate decode_lent -- -k "not sglang" --decode-instances "${MOEBENCH_DECODE_INSTANCES:-1}" ;;
+    plant-marlin) PLANTED=1 MOEBENCH_PLANT_MARLIN_CYCLES=${MOEBENCH_PLANT_MARLIN_CYCLES:-800} \
+      step plant-marlin in_suite python3 -m pytest -p moebench_planted_gemm benchmarks/ \
+        -m "gemm and vllm_marlin" -rA --results-json "$out/plant-marlin.json" ;;
+    plant-attention) PYTHONPATH="$PWD/ci/planted${PYTHONPATH:+:$PYTHONPATH}" \
+        MOEBENCH_PLANT_ATTENTION=${MOEBENCH_PLANT_ATTENTION:-0.07} \
+        step plant-attention decode_lent -- -k "kimi and int4 and not server and moe_auto" ;;
+  esac
+done
+finish
