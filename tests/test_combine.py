@@ -109,3 +109,19 @@ def test_a_results_file_carries_the_engine_instances_of_a_case(runs, ok):
     else:
         with pytest.raises(ResultsError, match=r"r.json: cases\[.*\]\.independent_runs: must be"):
             ResultsDoc.from_json(doc, "r.json")
+
+
+def test_a_case_left_out_of_the_promotion_cannot_stop_it(tmp_path):
+    # two runs whose copy case agrees, while another case's definition differs between them (an older
+    # stored entry beside a new run): promoting the copy case alone must work and leave the other out
+    runs = [_run_file(tmp_path, f"r{i}.json", s, "gpu-aaaaaaaaaaaa") for i, s in enumerate((1.0, 1.01))]
+    doc = json.loads(runs[1].read_text())
+    other = next(c for c in doc["cases"] if c["key"] != COPY and c.get("definition_hash"))
+    other["definition_hash"] = "0000000000000000"
+    runs[1].write_text(json.dumps(doc))
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    entries = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"]
+    assert set(entries) == {COPY} and entries[COPY]["independent_runs"] == 2
+    # selected, the disagreeing case is still refused, naming it
+    assert main(["baselines", "promote", *map(str, runs), "--case", other["key"], "--baseline-dir", str(root)]) == 2

@@ -190,12 +190,15 @@ def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
             for fam, entries in sorted(baseline_entries(run).items())]
 
 
-def _combined_sources(paths: list[str]) -> list[tuple[str, str, dict, dict, str]]:
+def _combined_sources(paths: list[str], selected) -> list[tuple[str, str, dict, dict, str]]:
     """The promotion sources of every path, with each (hardware key, family) merged into one: a case in
-    several runs becomes the median of them (combine_entries), its verdict the worst it had."""
+    several runs becomes the median of them (combine_entries), its verdict the worst it had. Only the
+    `selected(key)` cases are combined: a case left out of the promotion cannot stop it (the torch cases of
+    a run whose stored entries are of an older definition, when only the Marlin cases are promoted)."""
     groups: dict[tuple[str, str], list[tuple[dict, dict, str]]] = {}
     for p in paths:
         for hw, fam, fp, entries, note in _promotion_source(Path(p)):
+            entries = {k: e for k, e in entries.items() if selected(k)}
             groups.setdefault((hw, fam), []).append((fp, entries, note))
     out = []
     for (hw, fam), parts in groups.items():
@@ -219,13 +222,13 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
     """Write the selected cases of a reviewed run (or of proposed baselines; several: independent runs,
     combined) into the baseline folder, through the same locked, validated, atomic merge as
     --baseline-update (update.merge_files)."""
-    sources = _combined_sources(args.source)
-    all_keys = [k for *_, entries, _ in sources for k in entries]
     where = " ".join(args.source)
+    all_keys = [k for p in args.source for *_, entries, _ in _promotion_source(Path(p)) for k in entries]
     if not all_keys:
         raise CliError(f"{where}: no case with gated metrics to promote")
     check_patterns(args.case, all_keys, where)
     keep = matcher(args.case) if not args.all else (lambda k: True)
+    sources = _combined_sources(args.source, keep)
     updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:
         chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
