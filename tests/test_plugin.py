@@ -8,6 +8,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -206,3 +209,13 @@ def test_external_baseline_of_other_hardware_shows_as_env_mismatch(fakebench):
         f"NEW *decode[[]glm-5-nvfp4-tp8[]]*itl_ms*150 ms*baseline exists only for {rtx} (not compared)",
         "1 ENV_MISMATCH, 1 NEW",
     ])
+
+
+def test_pytest_help_lists_every_option_of_the_plugin_and_its_families():
+    # argparse formats each help text with %: one bare "1%" made `pytest --help` a traceback (README
+    # tells users to run it to see the options)
+    r = subprocess.run([sys.executable, "-m", "pytest", "--help"], cwd=Path(__file__).resolve().parents[1],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = " ".join(r.stdout.split())  # argparse wraps the help lines
+    assert "--baseline-update" in text and "--counters" in text and "gate at 1% (docs/counters.md)" in text
