@@ -70,6 +70,8 @@ def test_progress_and_comparison_are_visible(nightly):
     assert "test_copy_bandwidth PASSED" in r.stdout  # per-case lines (-v) are not hidden
     assert "[moebench] measuring the memory ceiling on cpu" in r.stdout
     assert "against the previous cpu run (20000101T000000Z.json)" in r.stdout
+    line = next(x for x in r.stdout.splitlines() if "against the previous cpu run" in x)
+    assert "(shown, not gated" in line and "-> exit" not in line  # not the job's verdict
     assert "selfcheck[copy-64MiB-cpu]" in (out / "compare-previous.txt").read_text()
     summary = (tmp / "step-summary.md").read_text()
     assert f"moebench on {hw}" in summary and "this run against the previous one" in summary
