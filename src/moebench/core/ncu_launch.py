@@ -52,8 +52,10 @@ def find_ncu() -> NcuTool:
     """MOEBENCH_NCU if set (and an executable file), else `ncu` on PATH; with `ncu --version`. Never raises."""
     try:
         named = os.environ.get(ENV)
-        path = named if named and os.path.isfile(named) and os.access(named, os.X_OK) else None
-        path = path if named else shutil.which("ncu")
+        if named:  # a named ncu that is not an executable is none (why_unavailable says so), not PATH's
+            path = named if os.path.isfile(named) and os.access(named, os.X_OK) else None
+        else:
+            path = shutil.which("ncu")
         return NcuTool(path, ncu_version(path) if path else None)
     except Exception:  # the fingerprint must not fail on a strange PATH
         return NcuTool(None, None)

@@ -16,6 +16,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+import torch
+
+from moebench.gemm import runner
+from moebench.gemm.backends import BACKENDS
+from moebench.gemm.cases import ALL_CASES, GemmCase
+from moebench.gemm.workload import Workload
+
 
 def main(argv: list[str] | None = None) -> int:
     """Profile one window of the case named by --case (a GemmCase id) on cuda:0; 0 on success."""
@@ -23,14 +30,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case", required=True, help="a gemm case id (GemmCase.id)")
     ap.add_argument("--calls", type=int, default=None, help="calls in the window (default: the case's R)")
     args = ap.parse_args(argv)
-
-    import torch
-
-    from moebench.gemm import runner
-    from moebench.gemm.backends import BACKENDS
-    from moebench.gemm.cases import ALL_CASES, GemmCase
-    from moebench.gemm.workload import Workload
-
     case = next((c for c in ALL_CASES if c.id == args.case), None)
     if case is None:
         print(f"counter_child: no gemm case {args.case!r}", file=sys.stderr)

@@ -19,7 +19,7 @@ def scaled_pair(before: float, after: float, unit: str) -> str:
     big = max(abs(before), abs(after))
     factor, prefix = next(((f, p) for f, p in _SCALES if big >= f), (1.0, ""))
     plain, prefixed = _UNIT_WORDS.get(unit, (unit, f" {unit}"))
-    suffix = f"{prefix}{plain}" if prefix and unit == "B" else (f"{prefix}{prefixed}" if prefix else plain)
+    suffix = f"{prefix}{prefixed}" if prefix else plain
     return f"{before / factor:.3g} -> {after / factor:.3g} {suffix}".rstrip()
 
 
