@@ -125,3 +125,27 @@ def test_a_case_left_out_of_the_promotion_cannot_stop_it(tmp_path):
     assert set(entries) == {COPY} and entries[COPY]["independent_runs"] == 2
     # selected, the disagreeing case is still refused, naming it
     assert main(["baselines", "promote", *map(str, runs), "--case", other["key"], "--baseline-dir", str(root)]) == 2
+
+
+def test_a_source_combined_over_machines_keeps_their_spread_when_a_machine_is_added():
+    # session 9's entry spans two machines 1.5% apart; a third machine that lands on its median must not
+    # make the entry read as if its machines agreed
+    before = combine_entries([entry(100.0, "gpu-a"), entry(103.0, "gpu-b")], "k")
+    assert before["metrics"]["t"]["noise_machines"] == pytest.approx(0.0148, abs=1e-3)
+    after = combine_entries([before, entry(101.5, "gpu-c"), entry(101.5, "gpu-c")], "k")
+    assert after["metrics"]["t"]["noise_machines"] == before["metrics"]["t"]["noise_machines"]
+    assert after["machines"] == ["gpu-a", "gpu-b", "gpu-c"] and after["independent_runs"] == 4
+
+
+def test_a_combined_source_is_a_group_of_its_own_not_its_first_machines_run():
+    # a run on gpu-a beside an entry of gpu-a and gpu-b: two groups (the old code filed the entry under
+    # gpu-a and read the spread between the runs of "one machine")
+    both = combine_entries([entry(100.0, "gpu-a"), entry(100.0, "gpu-b")], "k")
+    e = combine_entries([both, entry(104.0, "gpu-a")], "k")
+    assert e["metrics"]["t"]["noise_machines"] == pytest.approx(half_range([100.0, 104.0]), abs=1e-6)
+
+
+def test_the_value_weighs_each_machine_once_not_each_run():
+    # three runs on gpu-b and one on gpu-a: the entry sits between the machines, not on gpu-b
+    e = combine_entries([entry(100.0, "gpu-a"), entry(104.0, "gpu-b"), entry(104.2, "gpu-b"), entry(103.8, "gpu-b")], "k")
+    assert e["metrics"]["t"]["value"] == pytest.approx(102.0)

@@ -3,12 +3,13 @@ machines (`moebench baselines promote run1.json run2.json run3.json`).
 
 A single run's spread says how its samples scatter, not how far the next process lands: on one H200 the
 same case agreed within 0.7% across 8 processes, and spread 10% across four machines. So an entry stores
-the median of its runs' values, and two spreads:
+the median of its machines' medians (on one machine, of its runs' values), and two spreads:
 
 - noise: what the gate uses on a recording machine, the larger of the spread inside any run and the
   spread between the runs of one machine (half their range over the median: with 3 runs a MAD can read 0);
 - noise_machines: only from runs on two or more machines, the spread between the machines' medians (half
-  their range over the median), which the gate uses on any other machine of the kind.
+  their range over the median), which the gate uses on any other machine of the kind; a source combined
+  before over several machines keeps its own spread, so adding a machine never narrows it.
 
 Pure functions over entry dicts (the baseline file's own form): no I/O.
 """
@@ -44,13 +45,19 @@ def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
     by_machine: dict[str, list[float]] = defaultdict(list)
     for machine, m in runs:
         by_machine[machine].append(float(m["value"]))
-    values = [float(m["value"]) for m in ms]
+    # the median of the machines' medians: a machine that ran three times weighs as one, so the entry
+    # sits between its machines rather than on the one that ran most (on one machine: the runs' median)
+    medians = [statistics.median(v) for v in by_machine.values()]
     between_runs = max(half_range(v) for v in by_machine.values())
-    out = {"value": statistics.median(values), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
+    out = {"value": statistics.median(medians), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
            "noise": round(max([between_runs] + [float(m["noise"]) for m in ms]), 6), "n": sum(int(m["n"]) for m in ms),
            "rel_tol": ms[-1]["rel_tol"]}
-    if len(by_machine) > 1:
-        out["noise_machines"] = round(half_range([statistics.median(v) for v in by_machine.values()]), 6)
+    # a source already combined over machines carries their spread: a further machine can widen it, never
+    # narrow it (its one median stands for all of its machines here, so the spread between them is kept)
+    carried = [float(m["noise_machines"]) for m in ms if isinstance(m.get("noise_machines"), (int, float))]
+    if len(by_machine) > 1 or carried:
+        between = half_range(medians)
+        out["noise_machines"] = round(max([between] + carried), 6)
     if any(m.get("gate") == "cliff" for m in ms):
         out["gate"] = "cliff"
     # what the metric is bound by: the tolerance rule needs it beside noise_machines (a kernel time whose
@@ -81,7 +88,8 @@ def combine_entries(entries: Sequence[dict], where: str) -> dict:
     if len(entries) == 1:
         return dict(entries[0])
     def_hash = _same(entries, lambda e: e["definition_hash"], "the case definition (definition_hash)", where)
-    machine_of = [(e.get("machines") or ["unknown"])[0] for e in entries]
+    # an entry of several machines (combined before) is one group of its own, not its first machine's run
+    machine_of = ["+".join(sorted(e.get("machines") or ["unknown"])) for e in entries]
     names = [n for n in entries[0]["metrics"] if all(n in e["metrics"] for e in entries)]
     metrics = {n: _metric(n, [(mach, e["metrics"][n]) for mach, e in zip(machine_of, entries)], f"{where} {n}")
                for n in names}
