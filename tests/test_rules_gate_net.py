@@ -88,12 +88,18 @@ def _kernel_run(value: float, machine: str, kind: str | None = "device_kernel") 
 
 def test_a_kernel_time_whose_machines_agree_within_1_percent_is_stored_at_3_percent_after_combining():
     """Combining keeps what a metric is bound by (its kind), so the rule that needs it beside noise_machines
-    fires: two machines 0.1% apart store a device kernel time at rel_tol 0.03. (Combining once dropped the
-    kind, and every promoted kernel entry kept 0.05.)"""
-    combined = combine_entries([_kernel_run(24.30, "gpu-aaaaaaaaaaaa"), _kernel_run(24.35, "gpu-bbbbbbbbbbbb")], KEY)
+    fires: three machines 0.1% apart store a device kernel time at rel_tol 0.03, marked as the rule's.
+    (Combining once dropped the kind, and every promoted kernel entry kept 0.05.) Two machines are too few."""
+    runs = [_kernel_run(24.30, "gpu-aaaaaaaaaaaa"), _kernel_run(24.35, "gpu-bbbbbbbbbbbb"),
+            _kernel_run(24.32, "gpu-cccccccccccc")]
+    combined = combine_entries(runs, KEY)
     assert combined["metrics"]["graph_us"]["kind"] == "device_kernel"
     doc, _ = merge_entries(None, HW, "gemm", {}, "2026-12-03T00:00:00Z", {KEY: combined})
     assert doc["entries"][KEY]["metrics"]["graph_us"]["rel_tol"] == 0.03
+    assert doc["entries"][KEY]["metrics"]["graph_us"]["tol_rule"] == "tight"
+    two, _ = merge_entries(None, HW, "gemm", {}, "2026-12-03T00:00:00Z", {KEY: combine_entries(runs[:2], KEY)})
+    assert two["entries"][KEY]["metrics"]["graph_us"]["rel_tol"] == 0.05
+    assert "tol_rule" not in two["entries"][KEY]["metrics"]["graph_us"]
     older = combine_entries([_kernel_run(24.30, "gpu-aaaaaaaaaaaa", kind=None), _kernel_run(24.35, "gpu-bbbbbbbbbbbb")], KEY)
     assert older["metrics"]["graph_us"]["kind"] == "device_kernel"  # a run from before kinds names none
     disagree = r"decode\[x\] graph_us: the runs disagree on graph_us\.kind \(device_kernel, host_bound\)"
@@ -266,3 +272,13 @@ def test_strict_fails_a_stored_case_skipped_in_setup(fakebench):
         assert (f"--baseline-strict: {key} has a baseline in {path} but did not run ({reason}"
                 in out), (key, out)
     assert "ran its body" not in out
+
+
+def test_show_says_which_tolerance_the_rule_set():
+    from moebench.baselines.rules import rule_of
+    from moebench.outputs.report import fmt_rule
+
+    m = {"rel_tol": 0.03, "noise": 0.004, "noise_machines": 0.005, "kind": "device_kernel"}
+    assert fmt_rule(rule_of({**m, "tol_rule": "tight"})) == \
+        "rel 3% (ruled: 3+ machines within 1%) + 2x noise(0.4%; machines 0.5%)"
+    assert fmt_rule(rule_of(m)) == "rel 3% + 2x noise(0.4%; machines 0.5%)"  # a reviewer's 3%

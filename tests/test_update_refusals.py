@@ -60,20 +60,30 @@ def test_a_cliff_metric_is_stored_as_the_gate_applies_it(tmp_path, capsys):
     assert "cliff (fails at 2x)" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("between, stored_tol, kind, expected", [
-    (0.004, None, "device_kernel", 0.03),   # kernel time, machines within 1%: 3%
-    (0.004, 0.05, "device_kernel", 0.03),   # over the case's own stored 5%: tightened
-    (0.004, 0.25, "device_kernel", 0.25),   # a reviewer's wider one is kept (and said by the update)
-    (0.015, None, "device_kernel", 0.05),   # machines 1.5% apart: the case's own
-    (0.004, None, "host_bound", 0.05),      # not a kernel time: the case's own
-    (None, 0.03, "device_kernel", 0.03),    # a stored tighter one is never loosened
+THREE = ["gpu-a", "gpu-b", "gpu-c"]
+
+
+@pytest.mark.parametrize("between, machines, stored, kind, expected", [
+    (0.004, THREE, None, "device_kernel", 0.03),        # kernel time, 3 machines within 1%: 3%
+    (0.004, THREE[:2], None, "device_kernel", 0.05),    # 2 machines are too few (0.0% by chance in session 14)
+    (0.004, THREE, dict(rel_tol=0.05), "device_kernel", 0.03),  # over the case's own stored 5%: tightened
+    (0.004, THREE, dict(rel_tol=0.25), "device_kernel", 0.25),  # a reviewer's wider one is kept (and said)
+    (0.015, THREE, None, "device_kernel", 0.05),        # machines 1.5% apart: the case's own
+    (0.004, THREE, None, "host_bound", 0.05),           # not a kernel time: the case's own
+    (0.004, THREE, "own 0.25", "device_kernel", 0.25),  # a case's own wider tolerance (a known cause) stays
+    (None, THREE[:1], dict(rel_tol=0.03), "device_kernel", 0.03),  # a reviewer's tighter one is never loosened
+    # the rule's own 3%, from machines a new one disagrees with: the rule sets it again
+    (0.02, THREE, dict(rel_tol=0.03, tol_rule="tight"), "device_kernel", 0.05),
 ])
-def test_a_kernel_time_whose_machines_agree_within_1pct_gates_at_3pct(between, stored_tol, kind, expected):
+def test_a_kernel_time_whose_machines_agree_within_1pct_gates_at_3pct(between, machines, stored, kind, expected):
     m = {"value": 24.3, "unit": "us", "direction": "lower", "rel_tol": 0.05, "noise": 0.003, "n": 40, "kind": kind,
          **({"noise_machines": between} if between is not None else {})}
-    stored = {"metrics": {"graph_us": {**m, "rel_tol": stored_tol}}} if stored_tol is not None else None
-    out, _ = prepare_entry("gemm[x]", {"metrics": {"graph_us": m}}, stored)
+    if stored == "own 0.25":
+        m["rel_tol"], stored = 0.25, dict(rel_tol=0.25)
+    old = {"metrics": {"graph_us": {**m, **stored}}} if stored is not None else None
+    out, _ = prepare_entry("gemm[x]", {"metrics": {"graph_us": m}, "machines": machines}, old)
     assert out["metrics"]["graph_us"]["rel_tol"] == expected
+    assert ("tol_rule" in out["metrics"]["graph_us"]) == (expected == 0.03 and between is not None)
 
 
 def test_the_report_page_says_what_was_not_written():

@@ -38,6 +38,13 @@ def _same(entries: Sequence[dict], get, what: str, where: str):
     return get(entries[0])
 
 
+def own_rel_tol(ms: Sequence[dict]) -> float:
+    """The case's own rel_tol among the runs' metrics: the last one the tight rule did not set (a source
+    promoted before may carry the rule's 3%, which record.prepare_entry sets again from the new spread)."""
+    own = [m["rel_tol"] for m in ms if m.get("tol_rule") is None]
+    return own[-1] if own else ms[-1]["rel_tol"]
+
+
 def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
     ms = [m for _, m in runs]
     for field in ("unit", "direction"):
@@ -51,7 +58,7 @@ def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
     between_runs = max(half_range(v) for v in by_machine.values())
     out = {"value": statistics.median(medians), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
            "noise": round(max([between_runs] + [float(m["noise"]) for m in ms]), 6), "n": sum(int(m["n"]) for m in ms),
-           "rel_tol": ms[-1]["rel_tol"]}
+           "rel_tol": own_rel_tol(ms)}
     # a source already combined over machines carries their spread: a further machine can widen it, never
     # narrow it (its one median stands for all of its machines here, so the spread between them is kept)
     carried = [float(m["noise_machines"]) for m in ms if isinstance(m.get("noise_machines"), (int, float))]

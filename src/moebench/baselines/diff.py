@@ -54,7 +54,9 @@ def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -
         return "not gated: always AMBIGUOUS" if rn.gate == "none" else "gated on a cliff only: fails at 2x"
     if field == "noise" and bigger:
         return "wider noise band"
-    if field in ("noise_machines", "kind") and rn.machine_spread > ro.machine_spread:
+    # the kind decides only an assumed spread: beside a measured one, the noise_machines check speaks for it
+    kind_decides = field == "kind" and not rn.measured_between
+    if (field == "noise_machines" or kind_decides) and rn.machine_spread > ro.machine_spread:
         if field == "kind":
             return f"kind {o} -> {n}: {_pct(rn.machine_spread)} between machines assumed (was {_pct(ro.machine_spread)})"
         if n is None:

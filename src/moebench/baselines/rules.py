@@ -29,6 +29,7 @@ class GateRule:
     machine_spread: float
     measured_between: bool
     kind: str | None
+    ruled: bool = False  # rel_tol set by the tight rule (three or more machines within 1%), not a reviewer
 
     def lets_through(self, other_machine: bool) -> float:
         """The largest slowdown (compare.slowdown) that does not fail: the tolerance or the noise band,
@@ -50,4 +51,5 @@ def rule_of(m: Mapping[str, Any]) -> GateRule:
     between = m.get("noise_machines")
     measured = isinstance(between, (int, float)) and not isinstance(between, bool)
     spread = float(between) if measured else assumed_spread(m.get("kind"))
-    return GateRule(gate, tol, _number(m.get("noise"), 0.0), spread, measured, m.get("kind"))
+    return GateRule(gate, tol, _number(m.get("noise"), 0.0), spread, measured, m.get("kind"),
+                    ruled=m.get("tol_rule") == "tight")

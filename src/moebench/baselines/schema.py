@@ -13,7 +13,8 @@ A file `baselines/<hardware-key>/<family>.json`:
         "<case key>": {
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
           "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
-                                 "noise_machines"?, "gate"?: "cliff" | "none", "kind"?}},
+                                 "noise_machines"?, "gate"?: "cliff" | "none", "kind"?,
+                                 "tol_rule"?: "tight"}},
           "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
           "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
           "gpus": [{"index": 3, "uuid": "GPU-..."}],  # which GPUs of them ran a single-GPU case (optional)
@@ -134,6 +135,8 @@ METRIC_RULES: dict[str, Rule] = {
                        f"must be a relative spread in [0, {NOISE_MAX:g}] (a wider one would hide a doubling)"),
     "gate": (lambda x: x in GATES, f"must be one of {GATES}"),
     "kind": (lambda x: x in KINDS, f"must be one of {tuple(KINDS)} (moebench.core.kinds)"),
+    # the rel_tol was set by the tight rule (moebench.baselines.record), not by a reviewer
+    "tol_rule": (lambda x: x == "tight", "must be 'tight' (the rel_tol the 3-machine rule set) or absent"),
 }
 # A metric stored as not gating (gate "none") keeps the noise it measured, however wide: that is the
 # reason it does not gate, and it compares AMBIGUOUS whatever its band.

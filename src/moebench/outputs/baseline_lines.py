@@ -47,7 +47,7 @@ def change_line(c: EntryChange | str) -> str:
                 f"would hide in it): stored as not gating, it always compares AMBIGUOUS; {ADVICE_WIDE}")
     if c.what == "tolerance ruled":
         return (f"  ~ {k} {m}: rel_tol {fmt_pct(100 * c.before)} -> {fmt_pct(100 * c.after)} (spread between "
-                f"machines {fmt_pct(100 * c.spread)}: a kernel time within 1% gates at 3%)")
+                f"machines {fmt_pct(100 * c.spread)}: a kernel time whose 3 or more machines agree within 1% gates at 3%)")
     raise ValueError(f"{k}: an entry change of no known kind: {c.what!r}")
 
 

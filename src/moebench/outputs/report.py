@@ -97,7 +97,9 @@ def fmt_rule(r: GateRule) -> str:
         return "cliff (fails at 2x)"
     between = (fmt_pct(100 * r.machine_spread) if r.measured_between
                else f"{_pct_short(r.machine_spread)} assumed, {kind_of(r.kind).words}")
-    return f"rel {_pct_short(r.rel_tol)} + {NOISE_FACTOR:g}x noise({fmt_pct(100 * r.noise)}; machines {between})"
+    ruled = " (ruled: 3+ machines within 1%)" if r.ruled else ""
+    return (f"rel {_pct_short(r.rel_tol)}{ruled} + {NOISE_FACTOR:g}x noise({fmt_pct(100 * r.noise)}; "
+            f"machines {between})")
 
 
 def fmt_changes(changes: Iterable[tuple[str, str, str]]) -> str:
