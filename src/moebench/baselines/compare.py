@@ -120,7 +120,8 @@ def compare_metric(
     CLIFF for a host-bound metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise
     of the two sides and, on a machine that did not record the baseline (other_machine), the spread
     between machines (the entry's noise_machines, else the fallback of the metric's kind: the
-    measurement's declared kind, else the entry's; moebench.core.kinds); a case run on another GPU of the
+    measurement's declared kind, else the entry's; moebench.core.kinds), on one that did the entry's
+    noise_machines where it has one (its value is its machines' median); a case run on another GPU of the
     recording box than the one that recorded it (other_gpu: that GPU's index) counts as another machine.
     A throttled measurement, or a baseline stored as not gating (gate_off: its noise was too wide), is
     never PASS or REGRESSION: AMBIGUOUS.
@@ -149,6 +150,10 @@ def compare_metric(
         if between is None:
             assumed = assumed_spread(kind)
         spread = max(spread, between if between is not None else assumed)
+    elif baseline.noise_machines is not None:
+        # an entry of several machines is the median of their medians, not this machine's own value: one of
+        # them sits up to that spread from it (session 9's machine read norms +7.5% from its 3-machine entry)
+        spread = max(spread, baseline.noise_machines)
     noise = NOISE_FACTOR * spread
     common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
                   other_machine=other_machine, machine_spread=between, kind=kind, assumed_spread=assumed,

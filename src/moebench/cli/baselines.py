@@ -169,14 +169,14 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
     return EXIT_FOUND if args.exit_code and looser else EXIT_OK
 
 
-def _promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
+def promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
     """(hardware key, family, fingerprint, {key: entry}, source note) from a results file, a proposed
     baseline file, or a folder of them (--baseline-propose DIR)."""
     if path.is_dir():
         files = sorted(path.glob("*.json")) + sorted(path.glob("*/*.json"))
         if not files:
             raise CliError(f"{path}: no proposed baseline files (<hardware-key>/<family>.json) in this folder")
-        return [s for f in files for s in _promotion_source(f)]
+        return [s for f in files for s in promotion_source(f)]
     doc = read_json(path)
     if isinstance(doc, dict) and "schema_version" in doc:
         doc = load_file(path)  # validated, and read again refusing a key named twice
@@ -197,7 +197,7 @@ def _combined_sources(paths: list[str], selected) -> list[tuple[str, str, dict, 
     a run whose stored entries are of an older definition, when only the Marlin cases are promoted)."""
     groups: dict[tuple[str, str], list[tuple[dict, dict, str]]] = {}
     for p in paths:
-        for hw, fam, fp, entries, note in _promotion_source(Path(p)):
+        for hw, fam, fp, entries, note in promotion_source(Path(p)):
             entries = {k: e for k, e in entries.items() if selected(k)}
             groups.setdefault((hw, fam), []).append((fp, entries, note))
     out = []
@@ -223,7 +223,7 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
     combined) into the baseline folder, through the same locked, validated, atomic merge as
     --baseline-update (update.merge_files)."""
     where = " ".join(args.source)
-    all_keys = [k for p in args.source for *_, entries, _ in _promotion_source(Path(p)) for k in entries]
+    all_keys = [k for p in args.source for *_, entries, _ in promotion_source(Path(p)) for k in entries]
     if not all_keys:
         raise CliError(f"{where}: no case with gated metrics to promote")
     check_patterns(args.case, all_keys, where)

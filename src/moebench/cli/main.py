@@ -2,7 +2,7 @@
 
     moebench compare A.json B.json            two runs side by side; exit 1 on a regression
     moebench backends RESULTS.json            MoE backends side by side per shape
-    moebench baselines show|diff|promote      read, compare and (reviewed) update baseline files
+    moebench baselines show|diff|promote|holdout   read, compare, (reviewed) update and hold-out-check baselines
     moebench aa --runs N --out DIR -- ARGS    a selection in N processes: spread between them, false alarms
     moebench report RESULTS... --out DIR      trend plots per case and an index page
     moebench changes DIR...                   change points over a nightly history
@@ -22,7 +22,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from moebench.cli import aa as cli_aa, baselines as cli_baselines
+from moebench.cli import aa as cli_aa, baselines as cli_baselines, holdout as cli_holdout
 from moebench.baselines.compare import Outcome, Verdict, display_rank
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import BaselineSet
@@ -212,6 +212,16 @@ def _wrap(text: str) -> str:
     return "\n".join(textwrap.fill(par, 96) for par in text.split("\n"))
 
 
+def _sources_and_cases(p: argparse.ArgumentParser, verb: str) -> None:
+    """The arguments promote and holdout share: SOURCE runs, --case or --all, --baseline-dir."""
+    p.add_argument("source", metavar="SOURCE", nargs="+",
+                   help="results JSON, proposed baseline file, or proposal folder (several: independent runs)")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--case", action="append", metavar="PATTERN", help=f"cases to {verb} (glob; repeatable)")
+    which.add_argument("--all", action="store_true", help="every case of SOURCE")
+    p.add_argument("--baseline-dir", default="baselines", metavar="DIR", help="baseline root (default: baselines)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of `moebench` (exposed for tests and docs)."""
     def fmt(prog: str) -> argparse.HelpFormatter:
@@ -262,9 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--family", metavar="NAME", help="only cases of this family (e.g. gemm)")
     b.set_defaults(func=cmd_backends)
 
-    bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff or promote baseline files",
+    bl = sub.add_parser("baselines", formatter_class=fmt, help="show, diff, promote or hold out baseline files",
                         description="Baseline files: baselines/<hardware-key>/<family>.json.")
-    bsub = bl.add_subparsers(dest="baselines_command", title="actions", metavar="{show,diff,promote}", required=True)
+    bsub = bl.add_subparsers(dest="baselines_command", title="actions", metavar="{show,diff,promote,holdout}", required=True)
     s = bsub.add_parser("show", formatter_class=fmt, help="a table of a baseline file or folder, with provenance")
     s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
     s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
@@ -288,14 +298,19 @@ def build_parser() -> argparse.ArgumentParser:
                                      "rel_tol is kept; every file is validated before any is written, and each "
                                      "write is atomic."),
                          epilog="example: moebench baselines promote run1.json run2.json run3.json --case 'gemm[kimi-*-triton]'")
-    pr.add_argument("source", metavar="SOURCE", nargs="+",
-                    help="results JSON, proposed baseline file, or proposal folder (several: independent runs)")
-    which = pr.add_mutually_exclusive_group(required=True)
-    which.add_argument("--case", action="append", metavar="PATTERN", help="cases to promote (glob; repeatable)")
-    which.add_argument("--all", action="store_true", help="every case of SOURCE")
-    pr.add_argument("--baseline-dir", default="baselines", metavar="DIR", help="baseline root (default: baselines)")
+    _sources_and_cases(pr, "promote")
     pr.add_argument("--dry-run", action="store_true", help="print what would change, write nothing")
     pr.set_defaults(func=cli_baselines.cmd_baselines_promote)
+    ho = bsub.add_parser("holdout", formatter_class=fmt, help="each machine held out, gated against the others' entries",
+                         description=_wrap("Before a promotion of runs from several machines: each machine in turn "
+                                     "plays a fresh one. Its runs of the selected cases are gated (as on a machine "
+                                     "that recorded none of the entries) against what promote would store from the "
+                                     "other machines' runs, over the entries in --baseline-dir. On unchanged code a "
+                                     "REGRESSION or IMPROVEMENT is a false verdict: exit 1, with each one listed. "
+                                     "Cases measured on fewer than 3 machines are left out. Writes nothing."),
+                         epilog="example: moebench baselines holdout A/run-1.json B/run-1.json C/run-1.json --case 'gemm[*-triton]'")
+    _sources_and_cases(ho, "hold out")
+    ho.set_defaults(func=cli_holdout.cmd_baselines_holdout)
 
     aa = sub.add_parser("aa", formatter_class=fmt, help="a selection N times in separate processes: spread and false alarms",
                         description=_wrap("Run `python -m pytest PYTEST_ARGS` RUNS times, each a separate process writing "
