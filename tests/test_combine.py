@@ -155,3 +155,10 @@ def test_a_source_whose_tolerance_the_rule_set_does_not_pass_it_on_as_the_cases_
     ruled = entry(100.0, "gpu-a")
     ruled["metrics"]["t"].update(rel_tol=0.03, tol_rule="tight")
     assert combine_entries([entry(100.2, "gpu-b"), ruled], "k")["metrics"]["t"]["rel_tol"] == 0.05
+
+
+def test_a_reviewed_note_of_any_source_survives_the_combination():
+    stored, run = entry(10.0, "gpu-a"), entry(10.1, "gpu-b")
+    stored["provenance"]["commit_note"] = "t rel_tol 0.20 -> 0.05, reviewed"
+    assert combine_entries([stored, run], "k")["provenance"]["commit_note"] == "t rel_tol 0.20 -> 0.05, reviewed"
+    assert "commit_note" not in combine_entries([entry(10.0), entry(10.1)], "k")["provenance"]

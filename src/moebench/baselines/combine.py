@@ -83,6 +83,11 @@ def _provenance(entries: Sequence[dict], runs: int) -> dict:
     out = dict(provs[-1])
     out.update(commit=", ".join(commits), date=max(str(p.get("date", "")) for p in provs),
                combined=f"median of {runs} independent runs")
+    # a reviewer's reason for a kept rel_tol lives in a stored source's note: taking only the last
+    # source's provenance dropped it while the rel_tol it explains stayed
+    reviewed = list(dict.fromkeys(str(p["commit_note"]) for p in provs if p.get("commit_note")))
+    if reviewed:
+        out["commit_note"] = "; ".join(reviewed)
     return out
 
 
