@@ -61,3 +61,12 @@ def test_a_kind_named_beside_a_wider_measured_spread_is_not_blamed_for_it():
     # spread is the measured one, so only noise_machines loosens (the kind line read "1.1% assumed")
     looser = _looser(_entry(noise_machines=0.0), _entry(kind="device_kernel", noise_machines=0.011))
     assert looser == {"kind": "", "noise_machines": "wider spread between machines"}
+
+
+def test_a_spread_between_machines_is_judged_with_the_machines_it_was_measured_over():
+    # a promotion that adds a fourth machine and widens the half range 1.0% -> 1.2% narrows what a further
+    # machine is given (1.88 x 1.0% -> 1.48 x 1.2%): not looser; the same half range over fewer machines is
+    old = {**_entry(noise_machines=0.010), "machines": ["a", "b", "c"]}
+    assert _looser(old, {**_entry(noise_machines=0.012), "machines": ["a", "b", "c", "d"]})["noise_machines"] == ""
+    fewer = {**_entry(noise_machines=0.011), "machines": ["a", "b"]}
+    assert _looser(old, fewer)["noise_machines"] == "wider spread between machines"

@@ -77,3 +77,13 @@ def test_the_held_out_machine_is_gated_as_another_machine_with_the_others_spread
     rows = hold_out({KEY: [run(100.0, "a"), run(100.0, "b"), run(106.0, "c"), run(105.5, "d")]}, {})
     d = next(r for r in rows if r.machine == "d")
     assert d.verdict == Verdict.AMBIGUOUS and d.comparisons["graph_us"].other_machine
+
+
+def test_a_held_out_machine_is_gated_with_the_spread_the_others_predict_for_one_more():
+    # three machines within +-2% (5%, no tight rule) and a fourth 5.5% faster: past the tolerance and twice
+    # their half range (4%), inside twice what three machines predict for a fourth (1.88 x 2%: 7.5%)
+    runs = {KEY: [run(98.0, "a"), run(100.0, "b"), run(102.0, "c"), run(94.5, "d")]}
+    rows = {r.machine: r for r in hold_out(runs, {})}
+    c = rows["d"].comparisons["graph_us"]
+    assert (c.machines, c.measured_machine_spread) == (3, pytest.approx(0.02))
+    assert rows["d"].verdict == Verdict.PASS

@@ -245,3 +245,17 @@ def test_every_regressed_metric_is_named_in_the_failure_line():
     line = s.failure_line(r)
     assert line.startswith("REGRESSION k[1] lat: 130 us, baseline 100 us, delta +30.0%")
     assert line.endswith("; also REGRESSION: other +50.0%")
+
+
+def test_the_entrys_machine_count_widens_the_spread_a_further_machine_is_gated_with():
+    # 4 recorders within +-1.9%: a fifth machine reading +5.4% is inside twice what four predict for a fifth
+    # (moebench.core.kinds.further_machine_factor) and reads AMBIGUOUS, naming the half range and the count;
+    # judged by the bare half range (twice 1.9%) it would be a REGRESSION
+    four = ("gpu-aaaaaaaaaaaa", "gpu-bbbbbbbbbbbb", "gpu-cccccccccccc", "gpu-dddddddddddd")
+    base = baseline_set({"lat": 100.0}, machines=four)
+    base.docs["gemm"]["entries"]["k[1]"]["metrics"]["lat"]["noise_machines"] = 0.019
+    s = state(base)
+    r = record(s, Source(105.4))
+    assert r.verdict is Verdict.AMBIGUOUS
+    assert r.comparisons["lat"].machines == 4
+    assert s.rows[-1].note.endswith("(spread between machines 2.8% (1.9% over 4))")

@@ -9,7 +9,7 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping
 
-from moebench.core.kinds import UNKNOWN, assumed_spread
+from moebench.core.kinds import UNKNOWN, assumed_spread, further_machine_factor
 from moebench.core.metrics import Metric
 
 # "Outside the noise" means the change exceeds this many times the larger relative spread of the two
@@ -86,8 +86,9 @@ class Comparison:
     noise: float | None = None
     reason: str = ""
     # Where the baseline's spread came from when the measurement is from a machine that did not record it:
-    # the spread between machines measured (None: not measured, and then `assumed_spread`, the fallback of
-    # the metric's `kind`, was used).
+    # the spread between machines the gate took (None: not measured, and then `assumed_spread`, the fallback
+    # of the metric's `kind`, was used): the half range its `machines` recorders measured
+    # (`measured_machine_spread`) widened for one more machine (kinds.further_machine_factor).
     other_machine: bool = False
     machine_spread: float | None = None
     kind: str | None = None
@@ -95,6 +96,8 @@ class Comparison:
     # Set when the measurement ran on another GPU of the recording box than the one(s) that recorded it
     # (their indices, "2"): gated as another machine, since GPUs of one kind differ as machines do.
     other_gpu: str = ""
+    measured_machine_spread: float | None = None
+    machines: int = 0
 
     @property
     def delta_pct(self) -> float | None:
@@ -113,13 +116,15 @@ def compare_metric(
     throttled: bool = False,
     other_machine: bool = False,
     other_gpu: str = "",
+    machines: int = 0,
 ) -> Comparison:
     """Verdict for one metric.
 
     REGRESSION needs both: worse (see Comparison.worse) than rel_tol (the baseline's, which a reviewer set;
     CLIFF for a host-bound metric) and worse than NOISE_FACTOR x the spread that applies: the larger noise
     of the two sides and, on a machine that did not record the baseline (other_machine), the spread
-    between machines (the entry's noise_machines, else the fallback of the metric's kind: the
+    between machines (the entry's noise_machines, the half range of its `machines` recorders, widened for
+    one machine more by kinds.further_machine_factor; else the fallback of the metric's kind: the
     measurement's declared kind, else the entry's; moebench.core.kinds), on one that did the entry's
     noise_machines where it has one (its value is its machines' median); a case run on another GPU of the
     recording box than the one that recorded it (other_gpu: that GPU's index) counts as another machine.
@@ -144,11 +149,13 @@ def compare_metric(
     tol = CLIFF if cliff else baseline.rel_tol
     spread = max(measured.noise, baseline.noise)
     kind = measured.kind or baseline.kind
-    between = assumed = None
+    between = assumed = measured_between = None
     if other_machine:
-        between = baseline.noise_machines
-        if between is None:
+        measured_between = baseline.noise_machines
+        if measured_between is None:
             assumed = assumed_spread(kind)
+        else:
+            between = measured_between * further_machine_factor(machines)
         spread = max(spread, between if between is not None else assumed)
     elif baseline.noise_machines is not None:
         # an entry of several machines is the median of their medians, not this machine's own value: one of
@@ -157,7 +164,8 @@ def compare_metric(
     noise = NOISE_FACTOR * spread
     common = dict(value=measured.value, baseline=baseline.value, worse=worse, rel_tol=tol, noise=noise,
                   other_machine=other_machine, machine_spread=between, kind=kind, assumed_spread=assumed,
-                  other_gpu=other_gpu)
+                  other_gpu=other_gpu, measured_machine_spread=measured_between,
+                  machines=machines if measured_between is not None else 0)
     if baseline.gate_off:
         return Comparison(Verdict.AMBIGUOUS, reason="baseline stored as not gating: its noise was too wide to gate "
                                                     "(re-record with more runs or on a quieter machine)", **common)
@@ -186,9 +194,10 @@ def slowdown(value: float, baseline: float, direction: str) -> float:
 
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
                  env_mismatch: bool = False, throttled: bool = False,
-                 other_machine: bool = False, other_gpu: str = "") -> dict[str, Comparison]:
-    """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all). The
-    one comparison loop: the in-run gate and `moebench compare` both call it, so they cannot disagree."""
+                 other_machine: bool = False, other_gpu: str = "", machines: int = 0) -> dict[str, Comparison]:
+    """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all;
+    machines: how many machines recorded it). The one comparison loop: the in-run gate and `moebench
+    compare` both call it, so they cannot disagree."""
     out: dict[str, Comparison] = {}
     for name, metric in measured.items():
         if not metric.gated:
@@ -198,7 +207,7 @@ def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | 
             out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
             continue
         out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled,
-                                   other_machine=other_machine, other_gpu=other_gpu)
+                                   other_machine=other_machine, other_gpu=other_gpu, machines=machines)
     return out
 
 

@@ -41,13 +41,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """Why changing a stored metric's `field` (old and new: the whole metric) loosens the gate, or "". The
-    tolerance, gate, spread between machines and kind are judged by the rule they make (rules.rule_of),
-    so a field edit counts by what the gate then lets through, not by the number's size."""
+def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any], machines: tuple[int, int]) -> str:
+    """Why changing a stored metric's `field` (old and new: the whole metric; machines: how many machines
+    each side's entry names) loosens the gate, or "". The tolerance, gate, spread between machines and kind
+    are judged by the rule they make (rules.rule_of: a half range over fewer machines is a wider spread for
+    a further one), so a field edit counts by what the gate then lets through, not by the number's size."""
     o, n = old.get(field), new.get(field)
     bigger = isinstance(o, (int, float)) and isinstance(n, (int, float)) and n > o
-    ro, rn = rule_of(old), rule_of(new)
+    ro, rn = rule_of(old, machines[0]), rule_of(new, machines[1])
     if field == "rel_tol" and rn.rel_tol > ro.rel_tol:
         return "wider tolerance"
     if field == "gate" and rn.rel_tol > ro.rel_tol:
@@ -69,14 +70,16 @@ def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any]) -
     return ""
 
 
-def metric_changes(key: Key, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Change]:
-    """Every field of one stored metric that differs; value first, then the others by name."""
+def metric_changes(key: Key, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
+                   machines: tuple[int, int] = (0, 0)) -> list[Change]:
+    """Every field of one stored metric that differs; value first, then the others by name (machines: how
+    many machines the old and the new entry name)."""
     if old is None:
         return [Change(key, name, "added", None, dict(new or {}))]
     if new is None:
         return [Change(key, name, "removed", dict(old), None, "metric no longer gated")]
     fields = sorted(set(old) | set(new), key=lambda f: (f != "value", f))
-    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old, new))
+    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old, new, machines))
             for f in fields if old.get(f) != new.get(f)]
 
 
@@ -100,7 +103,8 @@ def entry_changes(key: Key, old: Mapping[str, Any] | None, new: Mapping[str, Any
     out: list[Change] = []
     om, nm = old.get("metrics") or {}, new.get("metrics") or {}
     for name in sorted(set(om) | set(nm)):
-        out += metric_changes(key, name, om.get(name), nm.get(name))
+        out += metric_changes(key, name, om.get(name), nm.get(name),
+                              (len(old.get("machines") or ()), len(new.get("machines") or ())))
     if old.get("definition_hash") != new.get("definition_hash"):
         out.append(Change(key, None, "definition_hash", old.get("definition_hash"), new.get("definition_hash")))
     for f in sorted((set(old) | set(new)) - set(_ENTRY_SPECIAL)):

@@ -60,7 +60,8 @@ def hold_out(runs: Mapping[str, Sequence[dict]], stored: Mapping[str, dict]) -> 
             entry, _ = prepare_entry(key, combine_entries(rest, key), stored.get(key))
             baseline = {n: validate_metric(m, key, f"{key}.{n}") for n, m in entry["metrics"].items()}
             for run in groups[machine]:
-                comps = {n: compare_metric(validate_metric(m, key, f"{key}.{n}"), baseline[n], other_machine=True)
+                comps = {n: compare_metric(validate_metric(m, key, f"{key}.{n}"), baseline[n], other_machine=True,
+                                           machines=len(entry.get("machines") or ()))
                          for n, m in run["metrics"].items() if n in baseline}
                 out.append(HeldOut(machine, key, case_verdict(comps), comps, len(groups) - 1))
     return out

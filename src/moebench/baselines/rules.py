@@ -13,15 +13,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from moebench.baselines.compare import CLIFF, NOISE_FACTOR
-from moebench.core.kinds import assumed_spread
+from moebench.core.kinds import assumed_spread, further_machine_factor
 
 
 @dataclass(frozen=True)
 class GateRule:
     """gate: "tolerance", "cliff" (fails at 2x) or "none" (never gates: always AMBIGUOUS); rel_tol: the
     tolerance the gate applies (CLIFF for a cliff, inf for none); noise: the spread on a recording
-    machine; machine_spread: the spread between machines used on any other machine, measured
-    (noise_machines) or assumed for the metric's kind (moebench.core.kinds)."""
+    machine; machine_spread: the spread between machines used on any other machine, measured (noise_machines,
+    the half range of the entry's `machines` recorders, widened for one machine more: measured_spread x
+    kinds.further_machine_factor) or assumed for the metric's kind (moebench.core.kinds)."""
 
     gate: str
     rel_tol: float
@@ -30,6 +31,8 @@ class GateRule:
     measured_between: bool
     kind: str | None
     ruled: bool = False  # rel_tol set by the tight rule (three or more machines within 1%), not a reviewer
+    measured_spread: float | None = None  # the half range the recorders measured (None: assumed)
+    machines: int = 0  # how many machines recorded it (0: not said)
 
     def lets_through(self, other_machine: bool) -> float:
         """The largest slowdown (compare.slowdown) that does not fail: the tolerance or the noise band,
@@ -44,12 +47,14 @@ def _number(x: Any, default: float) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
 
 
-def rule_of(m: Mapping[str, Any]) -> GateRule:
-    """The rule a stored metric gets from its own fields (a field missing reads as the gate's default)."""
+def rule_of(m: Mapping[str, Any], machines: int = 0) -> GateRule:
+    """The rule a stored metric gets from its own fields (a field missing reads as the gate's default) and
+    the number of machines its entry names (`machines`: their half range widens for one more machine)."""
     gate = m.get("gate") if m.get("gate") in ("cliff", "none") else "tolerance"
     tol = {"cliff": CLIFF, "none": math.inf}.get(gate, _number(m.get("rel_tol"), 0.0))
     between = m.get("noise_machines")
     measured = isinstance(between, (int, float)) and not isinstance(between, bool)
-    spread = float(between) if measured else assumed_spread(m.get("kind"))
+    spread = float(between) * further_machine_factor(machines) if measured else assumed_spread(m.get("kind"))
     return GateRule(gate, tol, _number(m.get("noise"), 0.0), spread, measured, m.get("kind"),
-                    ruled=m.get("tol_rule") == "tight")
+                    ruled=m.get("tol_rule") == "tight", measured_spread=float(between) if measured else None,
+                    machines=machines)

@@ -105,7 +105,8 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
                 rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"],
                              fmt_pct(100 * m["rel_tol"]), fmt_pct(100 * m["noise"]),
                              fmt_pct(100 * between) if between is not None else "-",
-                             str(m["n"]), runs, fmt_rule(rule_of(m)), _provenance(e["provenance"])])
+                             str(m["n"]), runs, fmt_rule(rule_of(m, len(e.get("machines") or ()))),
+                             _provenance(e["provenance"])])
         print(table(["case", "metric", "value", "better", "rel_tol", "noise", "machines", "n", "runs", "gate",
                      "provenance"], rows, right=(2, 4, 5, 6, 7, 8)))
         print()
@@ -134,7 +135,7 @@ def _rules_changed(old: dict, new: dict, cs: list[Change]) -> list[str]:
     """A line per changed metric saying the gate it gets ("    graph_us gate: rel 5% + ... -> rel 3% + ...")."""
     out = []
     for name in sorted({c.metric for c in cs if c.metric and c.field not in ("added", "removed")}):
-        was, now = (fmt_rule(rule_of(e["metrics"][name])) for e in (old, new))
+        was, now = (fmt_rule(rule_of(e["metrics"][name], len(e.get("machines") or ()))) for e in (old, new))
         out.append(f"    {name} gate: {now}" if was == now else f"    {name} gate: {was} -> {now}")
     return out
 

@@ -31,6 +31,7 @@ Pure data and arithmetic: no imports from the rest of moebench (the gate reads i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -90,6 +91,26 @@ def kind_of(name: str | None) -> Kind:
 def assumed_spread(kind: str | None) -> float:
     """The spread between machines the gate assumes for a metric of `kind` whose entry measured none."""
     return kind_of(kind).machine_spread
+
+
+# The spread a machine outside an entry's recorders may read, from the half range its n machines showed.
+# n machines' half range underestimates the spread of the kind for small n: the expected range of n normal
+# draws is d2(n) standard deviations (1.13 for two, 2.06 for four, 3.08 for ten), and a further machine sits
+# sqrt(1 + pi / 2n) of them from the n machines' median. PREDICT_Z makes the gate's band (NOISE_FACTOR x
+# the spread) about a 99% two-sided interval for that further machine: half range x Z sqrt(1 + pi/2n) / d2(n),
+# 3.1x for two machines, 1.9x for three, 1.5x for four, 1.3x for five, never below the half range itself.
+# Why: four H200s' half range on the w4 decode router category (1.9%) did not cover a fifth machine at
+# -5.7% (session 15, two engine instances, a false IMPROVEMENT); the prediction for a fifth was 2.8% (band 5.6%).
+PREDICT_Z = 2.576
+_D2 = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847, 9: 2.970, 10: 3.078}
+
+
+def further_machine_factor(machines: int) -> float:
+    """How much wider than the half range of `machines` machines' medians the spread of one more machine is
+    taken to be (>= 1; 1 where the count is unknown, below two, or past ten, whose factor is about 1)."""
+    if machines < 2 or machines > max(_D2):
+        return 1.0
+    return max(1.0, PREDICT_Z * math.sqrt(1 + math.pi / (2 * machines)) / _D2[machines])
 
 
 def ruled_rel_tol(kind: str | None, rel_tol: float, noise_machines: float | None, machines: int) -> float:

@@ -73,11 +73,13 @@ def machine_phrase(c: Comparison) -> str:
         return ""
     if c.other_gpu:  # the box that recorded it, another of its GPUs: gated as another machine
         where = f"baseline from GPU {c.other_gpu} of this machine, gated as another machine"
-        spread = (f"spread between machines {fmt_pct(100 * c.machine_spread)}" if c.machine_spread is not None else
+        spread = (f"spread between machines {_measured_between(c.machine_spread, c.measured_machine_spread, c.machines)}"
+                  if c.machine_spread is not None else
                   f"spread between machines not recorded: {fmt_pct(100 * UNKNOWN_MACHINE_SPREAD, digits=0)} assumed")
         return f"{where} ({spread})"
     if c.machine_spread is not None:
-        return f"baseline from another machine of this kind (spread between machines {fmt_pct(100 * c.machine_spread)})"
+        return (f"baseline from another machine of this kind (spread between machines "
+                f"{_measured_between(c.machine_spread, c.measured_machine_spread, c.machines)})")
     assumed = c.assumed_spread if c.assumed_spread is not None else UNKNOWN_MACHINE_SPREAD
     return (f"baseline from another machine of this kind (spread between machines not recorded: "
             f"{_pct_short(assumed)} assumed for {kind_of(c.kind).words})")
@@ -88,14 +90,24 @@ def _pct_short(x: float) -> str:
     return fmt_pct(100 * x, digits=0 if round(100 * x, 1) == round(100 * x) else 1)
 
 
+def _measured_between(applied: float, measured: float | None, machines: int) -> str:
+    """A measured spread between machines as the gate takes it: "0.9% (0.5% over 3)" where the half range of
+    `machines` recorders was widened for one more (kinds.further_machine_factor), else "0.5%"."""
+    text = fmt_pct(100 * applied)
+    if measured is not None and fmt_pct(100 * measured) != text:
+        text += f" ({fmt_pct(100 * measured)} over {machines})"
+    return text
+
+
 def fmt_rule(r: GateRule) -> str:
     """The gate a stored metric gets, in words: "rel 3% + 2x noise(0.4%; machines 0.5%)", "cliff (fails at
-    2x)", "none (noise too wide)"; an assumed spread between machines names its kind."""
+    2x)", "none (noise too wide)"; an assumed spread between machines names its kind, a measured one widened
+    for a further machine says from what ("machines 0.9% (0.5% over 3)")."""
     if r.gate == "none":
         return "none (noise too wide)"
     if r.gate == "cliff":
         return "cliff (fails at 2x)"
-    between = (fmt_pct(100 * r.machine_spread) if r.measured_between
+    between = (_measured_between(r.machine_spread, r.measured_spread, r.machines) if r.measured_between
                else f"{_pct_short(r.machine_spread)} assumed, {kind_of(r.kind).words}")
     ruled = " (ruled: 3+ machines within 1%)" if r.ruled else ""
     return (f"rel {_pct_short(r.rel_tol)}{ruled} + {NOISE_FACTOR:g}x noise({fmt_pct(100 * r.noise)}; "

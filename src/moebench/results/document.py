@@ -15,7 +15,8 @@ The session builds a ResultsDoc (`RunState.results_doc()`) and the plugin writes
 - a metric: `Metric.to_json()` (`value`, `unit`, `direction`, `noise`, `n`, `rel_tol`) and `gated`; when
   the run compared it with a baseline also `verdict`, `baseline`, `delta_pct`, `noise_band`, `reason`,
   `baseline_rel_tol`; compared on a machine that did not record the baseline, `other_machine`,
-  `machine_spread` (measured) or `assumed_machine_spread` with `compared_kind` (moebench.core.kinds); a metric's
+  `machine_spread` (measured, widened for a machine beyond the recorders: `measured_machine_spread` over
+  `recorded_machines`) or `assumed_machine_spread` with `compared_kind` (moebench.core.kinds); a metric's
   `kind` and `gate` where set
 
 Older files load: a file without `results_version` is version 1, and a field a file does not have reads
@@ -82,6 +83,8 @@ class MetricDoc:
             if c.other_machine:  # which spread between machines the band holds: measured, or the kind's assumed
                 d.update(other_machine=True, machine_spread=c.machine_spread, assumed_machine_spread=c.assumed_spread,
                          compared_kind=c.kind)
+                if c.measured_machine_spread is not None:
+                    d.update(measured_machine_spread=c.measured_machine_spread, recorded_machines=c.machines)
         return d
 
     @classmethod
@@ -95,12 +98,14 @@ class MetricDoc:
         verdict = Verdict(outcome(d["verdict"], Verdict, where, f"{path}.verdict"))
         baseline, rel_tol, noise = (get_field(d, k, float, None, where, path)
                                     for k in ("baseline", "baseline_rel_tol", "noise_band"))
-        between, assumed = (get_field(d, k, float, None, where, path)
-                            for k in ("machine_spread", "assumed_machine_spread"))
+        between, assumed, measured = (get_field(d, k, float, None, where, path)
+                                      for k in ("machine_spread", "assumed_machine_spread", "measured_machine_spread"))
         return cls(metric, Comparison(verdict, metric.value, baseline, None, rel_tol, noise,
                                       get_field(d, "reason", str, "", where, path),
                                       get_field(d, "other_machine", bool, False, where, path), between,
-                                      get_field(d, "compared_kind", str, None, where, path), assumed))
+                                      get_field(d, "compared_kind", str, None, where, path), assumed,
+                                      measured_machine_spread=measured,
+                                      machines=get_field(d, "recorded_machines", int, 0, where, path)))
 
 
 @dataclass

@@ -105,7 +105,8 @@ class RunState:
         moved = entry.other_gpu(gpu) if entry and same and not other else ""
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
-                             throttled=m.throttled, other_machine=other, other_gpu=moved)
+                             throttled=m.throttled, other_machine=other, other_gpu=moved,
+                             machines=len(entry.machines) if entry else 0)
         verdict = case_verdict(comps)
         if moved:  # said on every row: a moved case's PASS was judged against the wider spread
             notes.append(f"ran on GPU {gpu['index']}, baseline from GPU {moved}: gated as another machine")
