@@ -58,6 +58,13 @@ def test_no_permission_is_a_skip_and_a_broken_ncu_a_recorded_failure(tmp_path):
     assert metrics == {} and "no ncu raw CSV header" in info["failed"]
 
 
+def test_moebench_ncu_keep_keeps_the_output_a_count_was_made_from(tmp_path, monkeypatch):
+    monkeypatch.setenv("MOEBENCH_NCU_KEEP", str(tmp_path / "kept"))
+    broken = fake_ncu(tmp_path, prints="oops\n", exit=0)
+    counters.count(CASE, "cuda", 1e12, NcuTool(broken, None))
+    assert (tmp_path / "kept" / f"{CASE.id}.csv").read_text() == "oops\n"
+
+
 def test_a_counted_case_records_each_kernels_counters_and_what_ran(tmp_path):
     ncu = fake_ncu(tmp_path, prints=(DATA / "raw_base_units.csv").read_text())
     metrics, info = counters.count(CASE, "cuda", 4e12, NcuTool(ncu, "2024.3.2.0"), calls=2)

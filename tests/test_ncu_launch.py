@@ -103,3 +103,19 @@ def test_an_ncu_whose_version_cannot_be_read_is_still_found(tmp_path, monkeypatc
     monkeypatch.setenv(ncu_launch.ENV, str(broken))
     assert find_ncu() == ncu_launch.NcuTool(str(broken), None)
     assert os.access(broken, os.X_OK)
+
+
+def test_the_raw_output_is_kept_where_asked_also_when_it_cannot_be_read(tmp_path, monkeypatch):
+    table = (DATA / "raw_base_units.csv").read_text()
+    ncu = fake_ncu(tmp_path, prints=table)
+    monkeypatch.setenv(ncu_launch.KEEP_ENV, str(tmp_path / "kept"))
+    keep = ncu_launch.keep_path("kimi-k2.5-tp8-fused-m1-int4-g32-decode-triton")
+    assert keep == str(tmp_path / "kept" / "kimi-k2.5-tp8-fused-m1-int4-g32-decode-triton.csv")
+    run_under_ncu(ncu, NCU_METRICS, "m", timeout_s=60, keep=keep)
+    assert Path(keep).read_text() == table and not Path(keep).with_suffix(".err").exists()
+    broken = fake_ncu(tmp_path, prints="not a table\n")
+    with pytest.raises(ValueError):
+        run_under_ncu(broken, NCU_METRICS, "m", timeout_s=60, keep=keep)
+    assert Path(keep).read_text() == "not a table\n"  # the output a parse failed on is the one to read
+    monkeypatch.delenv(ncu_launch.KEEP_ENV)
+    assert ncu_launch.keep_path("x") is None

@@ -8,7 +8,9 @@ window with cudaProfilerStart/Stop (torch.cuda.profiler.start/stop). It pins wha
 `--cache-control all` (ncu's default, caches flushed before each profiled kernel, so DRAM bytes are the
 bytes a cold L2 reads), `--clock-control none` (the GPU's own clocks, as the timer sees them) and
 `--print-units base` (unscaled values, no rounding to 4 digits). A machine whose ncu cannot read the counters
-(ERR_NVGPUCTRPERM) raises NcuUnavailable: a skip with its reason, not a failure.
+(ERR_NVGPUCTRPERM) raises NcuUnavailable: a skip with its reason, not a failure. With KEEP_ENV set to a
+folder, each launch's raw output (ncu's stdout as <case>.csv, its stderr as <case>.err) is kept there, also when it failed or could
+not be parsed: the table a parse was made from, and the file to read when it was not.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Sequence
 from moebench.core.ncu import Launch, parse_raw_csv
 
 ENV = "MOEBENCH_NCU"
+KEEP_ENV = "MOEBENCH_NCU_KEEP"
 PERMISSION = "ERR_NVGPUCTRPERM"
 # NVIDIA's page on the permission error (how an admin lets users read the counters)
 PERMISSION_HELP = ("https://developer.nvidia.com/nvidia-development-tools-solutions-ERR_NVGPUCTRPERM-"
@@ -89,11 +92,35 @@ def ncu_command(ncu: str, metrics: Sequence[str], module: str, args: Sequence[st
             "--target-processes", "all", python, "-m", module, *args]
 
 
+def keep_path(name: str) -> str | None:
+    """Where to keep the raw output of the launch called `name` (a case id): KEEP_ENV's folder, else None."""
+    folder = os.environ.get(KEEP_ENV)
+    return os.path.join(folder, re.sub(r"[^\w.-]", "_", name) + ".csv") if folder else None
+
+
+def _keep(path: str, stdout: str, stderr: str) -> None:
+    """Write ncu's stdout to `path` and its stderr, if any, beside it (.err), each atomically (a reader never
+    sees half a file); a failure to keep them is said, not raised: the counters stand without their copy."""
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        for target, text in ((path, stdout), (os.path.splitext(path)[0] + ".err", stderr)):
+            if target != path and not text:
+                continue
+            tmp = f"{target}.tmp{os.getpid()}"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, target)
+    except OSError as e:
+        print(f"moebench: could not keep ncu's output in {path}: {e}", file=sys.stderr)
+
+
 def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[str] = (), *,
-                  timeout_s: float = 600.0, env: dict | None = None, python: str = sys.executable) -> list[Launch]:
-    """Run the child under ncu and return its profiled launches. Raises NcuUnavailable when ncu may not read
-    the counters (ERR_NVGPUCTRPERM), NcuFailed when it or the child fails or runs past timeout_s, and
-    NcuFormatError (a ValueError) when its output is not the table it should be."""
+                  timeout_s: float = 600.0, env: dict | None = None, python: str = sys.executable,
+                  keep: str | None = None) -> list[Launch]:
+    """Run the child under ncu and return its profiled launches; `keep`: a file to write ncu's raw output to
+    first (kept whatever follows). Raises NcuUnavailable when ncu may not read the counters
+    (ERR_NVGPUCTRPERM), NcuFailed when it or the child fails or runs past timeout_s, and NcuFormatError (a
+    ValueError) when its output is not the table it should be."""
     cmd = ncu_command(ncu, metrics, module, args, python)
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -101,6 +128,8 @@ def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[
         raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s: {' '.join(cmd[-3 - len(args):])}") from None
     except OSError as e:
         raise NcuFailed(f"ncu could not be started ({ncu}): {e}") from None
+    if keep:
+        _keep(keep, out.stdout, out.stderr)
     both = out.stdout + "\n" + out.stderr
     if PERMISSION in both:
         line = next((ln.strip() for ln in both.splitlines() if PERMISSION in ln), PERMISSION)

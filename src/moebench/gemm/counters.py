@@ -17,7 +17,7 @@ from typing import Mapping
 from moebench.core.metrics import Metric
 from moebench.core.ncu import NcuFormatError
 from moebench.core.ncu_kernels import NCU_METRICS, counter_metrics, per_kernel
-from moebench.core.ncu_launch import NcuFailed, NcuTool, NcuUnavailable, run_under_ncu, why_unavailable
+from moebench.core.ncu_launch import NcuFailed, NcuTool, NcuUnavailable, keep_path, run_under_ncu, why_unavailable
 from moebench.gemm.cases import ROTATIONS, GemmCase
 from moebench.outputs.counter_lines import counter_moved_most
 
@@ -56,7 +56,7 @@ def count(case: GemmCase, device: str, read_ceiling: float | None, tool: NcuTool
         return {}, {"skipped": why}
     try:
         launches = run_under_ncu(tool.path, NCU_METRICS, CHILD, ["--case", case.id, "--calls", str(calls)],
-                                 timeout_s=timeout_s)
+                                 timeout_s=timeout_s, keep=keep_path(case.id))
     except NcuUnavailable as e:
         return {}, {"skipped": str(e)}
     except (NcuFailed, NcuFormatError) as e:
