@@ -75,10 +75,11 @@ def _all_cases():
 _FAST = ("triton", "triton_rows4", "vllm_triton", "vllm_marlin", "flashinfer_cutlass")
 _TORCH = ("torch_loop", "torch_bmm", "torch_grouped_mm")
 # int4-g32 fused decode M in the default selection, per model. Issue 32 asks for committed H200 entries at
-# M = 1, 2, 4, 8, 16 and 64 ("faster than Marlin at every M up to 64"); a GPU session measures only what is
-# in the default, so 64 must be here (tests/test_gemm_cases.py fails if it drops out). Kimi keeps 128, where
+# M = 1, 2, 4, 8, 16 and 64 ("faster than Marlin at every M up to 64", so 32 too: where the grouped path is
+# predicted to cross Marlin); a GPU session measures only what is in the default, so they must be here
+# (tests/test_gemm_cases.py fails if one drops out). Kimi keeps 128, where
 # the grouped path was measured at half Marlin's speed (docs/triton-moe-notes.md, "Issue 32").
-INT4_DEFAULT_M = {"kimi-k2.5": (1, 2, 4, 8, 16, 64, 128), "deepseek-v3": (1, 2, 4, 8, 16, 64)}
+INT4_DEFAULT_M = {"kimi-k2.5": (1, 2, 4, 8, 16, 32, 64, 128), "deepseek-v3": (1, 2, 4, 8, 16, 32, 64)}
 
 
 def is_default(c: GemmCase) -> bool:
@@ -100,10 +101,10 @@ def is_default(c: GemmCase) -> bool:
     if c.dtype == "bf16":
         return c.model == "deepseek-v3" and c.m in (1, 2, 4, 8, 16, 128) or c.model == "glm-5" and c.m in (1, 16, 128)
     if c.dtype == "int4-g32":
-        # Issue 32's M (1-16 and 64; Kimi also 128) on the two 7168-wide shapes: where our int4 kernels meet
+        # Issue 32's M (1-64; Kimi also 128) on the two 7168-wide shapes: where our int4 kernels meet
         # Marlin. The backends are every non-torch one that takes int4-g32 (Backend.supports filters the
         # rest): triton, vllm_triton and vllm_marlin at every M, triton_rows4 only to its max_m 16;
-        # flashinfer_cutlass takes no int4. So M = 64 has M = 128's set: ours, and both of vLLM's int4 paths.
+        # flashinfer_cutlass takes no int4. So M = 32 and 64 have M = 128's set: ours, and both of vLLM's.
         return c.m in INT4_DEFAULT_M.get(c.model, ())
     if c.dtype == "fp8-block128":
         return c.model == "deepseek-v3" and c.m in (1, 4, 16, 128)
