@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 
 from moebench.core.ncu import NcuFormatError, normalise, parse_raw_csv, short_name
@@ -114,30 +116,71 @@ def test_short_name(printed, short):
 
 
 def test_per_kernel_sums_a_window_over_its_launches_and_divides_by_its_calls():
+    # the made-up window: 2 calls of align, up (block 128, grid (64|72, 2)) and down (grid (56, 1)); up and
+    # down are one Triton function, so its two launches a call are two kernels, named by their place
     view = per_kernel(launches(), calls=2)
-    assert list(view) == [ALIGN, MMA]
-    mma = view[MMA]
-    assert mma.launches_per_call == 2
-    assert mma.values["dram_read_bytes"] == (16_515_072 + 8_257_536 + 16_777_216 + 8_388_608) / 2
-    assert mma.values["inst_executed"] == (1_480_000 + 640_000 + 1_520_000 + 650_000) / 2
-    # launch properties are per launch: the mean, not a sum
-    assert mma.values["grid_size"] == (128 + 56 + 144 + 56) / 4 and mma.values["registers_per_thread"] == 168
-    assert mma.seconds_per_call == pytest.approx((9856 + 5120 + 10112 + 5216) * 1e-9 / 2)
+    assert list(view) == [ALIGN, f"{MMA}#1", f"{MMA}#2"]
+    up, down = view[f"{MMA}#1"], view[f"{MMA}#2"]
+    assert up.launches_per_call == down.launches_per_call == 1
+    assert up.values["dram_read_bytes"] == (16_515_072 + 16_777_216) / 2
+    assert down.values["inst_executed"] == (640_000 + 650_000) / 2
+    # launch properties are per launch: the mean, not a sum (the up grid follows the routing here)
+    assert up.values["grid_size"] == (128 + 144) / 2 and down.values["registers_per_thread"] == 168
+    assert up.seconds_per_call == pytest.approx((9856 + 10112) * 1e-9 / 2)
     total = case_total(view)
-    assert total["dram_read_bytes"] == mma.values["dram_read_bytes"] + view[ALIGN].values["dram_read_bytes"]
+    assert total["dram_read_bytes"] == sum(view[k].values["dram_read_bytes"] for k in view)
     assert total["dram_write_bytes"] == (65_536 + 14_336) + 2_048 and "grid_size" not in total
+
+
+def test_a_name_launched_unevenly_or_with_one_configuration_stays_one_kernel():
+    base = launches()
+    # one configuration: the same kernel twice a call (a loop over experts) is one kernel, 2 launches a call
+    same = [replace(x, config="block (128, 1, 1) grid (56, 1, 1)") if x.kernel == MMA else x for x in base]
+    assert list(per_kernel(same, calls=2)) == [ALIGN, MMA] and per_kernel(same, calls=2)[MMA].launches_per_call == 2
+    # three launches over two calls cannot be placed in a call: one kernel, 1.5 launches a call
+    uneven = per_kernel(base[:-1], calls=2)
+    assert list(uneven) == [ALIGN, MMA] and uneven[MMA].launches_per_call == 1.5
 
 
 def test_counter_metrics_name_kernels_gate_work_and_report_throughput_of_the_read_ceiling():
     view = per_kernel(launches(), calls=2)
     ms = counter_metrics(view, read_ceiling=4.0e12)
-    read = ms[metric_name("dram_read_bytes", MMA)]
+    up = f"{MMA}#1"
+    read = ms[metric_name("dram_read_bytes", up)]
     assert read.gated and read.kind == "device_counter" and read.rel_tol == 0.01 and read.unit == "B"
+    assert ms[metric_name("inst_executed", up)].gated
     assert ms[metric_name("dram_read_bytes")].value == case_total(view)["dram_read_bytes"]
-    assert not ms[metric_name("grid_size", MMA)].gated
-    moved = view[MMA].values["dram_read_bytes"] + view[MMA].values["dram_write_bytes"]
-    pct = ms[metric_name("dram_pct_of_read_ceiling", MMA)]
-    assert not pct.gated and pct.value == pytest.approx(100 * moved / view[MMA].seconds_per_call / 4.0e12)
+    assert not ms[metric_name("grid_size", up)].gated
+    # DRAM writes are L2 evictions whose timing varies between processes: recorded, never gated
+    assert not ms[metric_name("dram_write_bytes", up)].gated and not ms[metric_name("dram_write_bytes")].gated
+    moved = view[up].values["dram_read_bytes"] + view[up].values["dram_write_bytes"]
+    pct = ms[metric_name("dram_pct_of_read_ceiling", up)]
+    assert not pct.gated and pct.value == pytest.approx(100 * moved / view[up].seconds_per_call / 4.0e12)
+
+
+H200 = "h200-kimi-k2.5-m1-int4-triton.csv"  # ncu 2025.3.1.0 on an H200, session 16: the real format
+
+
+def test_a_real_h200_window_parses_into_the_up_and_the_down_kernel():
+    got = launches(H200)
+    assert len(got) == 32 and {x.kernel for x in got} == {"moebench_w4_mma"}
+    assert got[0].config == "block (512, 1, 1) grid (8, 16, 1)" and got[1].config == "block (128, 1, 1) grid (1, 224, 1)"
+    view = per_kernel(got, calls=16)
+    up, down = view["moebench_w4_mma#1"], view["moebench_w4_mma#2"]
+    assert (up.launches_per_call, up.values["grid_size"], up.values["registers_per_thread"]) == (1, 128, 128)
+    assert (down.launches_per_call, down.values["grid_size"], down.values["registers_per_thread"]) == (1, 224, 202)
+    assert up.values["inst_executed"] == 3_197_184 and down.values["inst_executed"] == 1_556_128
+    assert case_total(view)["dram_read_bytes"] == pytest.approx(24_839_952, rel=1e-6)
+
+
+def test_the_real_window_reads_the_weights_of_its_experts_once():
+    # Kimi-K2.5 TP8, M = 1, top-8: 8 experts' int4 weights (half a byte each) and their bf16 group-32 scales
+    K, I, E_TOP = 7168, 256, 8
+    weights = lambda rows, cols: rows * cols // 2 + rows * cols // 32 * 2  # noqa: E731
+    up, down = weights(2 * I, K) * E_TOP, weights(K, I) * E_TOP
+    view = per_kernel(launches(H200), calls=16)
+    assert view["moebench_w4_mma#1"].values["dram_read_bytes"] == pytest.approx(up, rel=0.005)
+    assert view["moebench_w4_mma#2"].values["dram_read_bytes"] == pytest.approx(down, rel=0.005)
 
 
 def test_a_counter_of_zero_is_recorded_but_not_gated():

@@ -17,6 +17,11 @@ Generic: it knows counters and kernels, no family. What the format is, and where
   "1,215,000,000.00"); an unsupported metric reads "n/a". By default (--print-units auto) ncu scales a value
   to a prefixed unit ("24.80" "Mbyte"); --print-units base prints base units. Both are read here.
 - Byte prefixes are decimal: ncu reports a 64 KiB shared memory carve-out as "65.54 Kbyte".
+- Seen on an H200 (ncu 2025.3.1.0, session 16; tests/data/ncu/h200-kimi-k2.5-m1-int4-triton.csv): with
+  --page raw ncu prints every collected launch attribute beside the metrics asked for (277 columns, the
+  device__attribute_* and launch__* ones, alphabetical after the 11 launch columns), each metric as .avg, .max,
+  .min and .sum; --print-units base prints "byte", "inst", "ns", "register/thread"; the table comes after
+  "==PROF== Disconnected from process"; Block Size and Grid Size read "(512, 1, 1)".
 
 Errors are NcuFormatError (a ValueError): one line naming the source, the line number and the field.
 """
@@ -55,6 +60,10 @@ class Launch:
     kernel: str
     values: dict[str, float]
     units: dict[str, str] = field(default_factory=dict)
+    # "block (512, 1, 1) grid (8, 16, 1)" from the Block Size and Grid Size columns ("" where the output has
+    # none): one Triton function launched twice a call with other constexprs (an up and a down kernel) is one
+    # name and two kernels
+    config: str = ""
 
 
 def normalise(value: float, unit: str) -> tuple[float, str]:
@@ -134,7 +143,9 @@ def parse_raw_csv(text: str, metrics: Sequence[str], source: str = "ncu output")
             launch_id = int(_number(fields[col["ID"]]))
         except ValueError:
             raise NcuFormatError(f"{source}: line {no}: field 'ID': {fields[col['ID']]!r} is not a number") from None
-        out.append(Launch(launch_id, fields[col["Kernel Name"]], values, units))
+        config = " ".join(f"{word} {fields[col[c]]}" for word, c in (("block", "Block Size"), ("grid", "Grid Size"))
+                          if c in col and fields[col[c]])
+        out.append(Launch(launch_id, fields[col["Kernel Name"]], values, units, config))
     return out
 
 

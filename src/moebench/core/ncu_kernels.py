@@ -4,7 +4,8 @@ A window is what the timer times: the R rotated calls of a case (each rotation o
 the experts the timer's rotations touch. A counter of work (bytes, instructions) is summed over a kernel's
 launches in the window and divided by the number of calls: per call, like the time. A launch property (grid
 size, registers per thread) is the mean over the kernel's launches. The case total sums the work counters
-over its kernels. Kernels are grouped by their short name (ncu.short_name).
+over its kernels. Kernels are grouped by their short name (ncu.short_name), one name launched with several
+launch configurations in each call split by its place in the call (kernel_names: `name#1`, `name#2`).
 
 Metric names: `ncu_<counter>` for the case total, `ncu_<counter>@<kernel>` for one kernel (metric_name,
 parse_metric_name). Generic: no family.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Sequence
 
 from moebench.core.kinds import COUNTER_REL_TOL, DEVICE_COUNTER
 from moebench.core.metrics import Metric
@@ -37,7 +38,10 @@ class Counter:
 
 COUNTERS: tuple[Counter, ...] = (
     Counter("dram_read_bytes", "dram__bytes_read.sum", "dram read bytes", "B", "call", True),
-    Counter("dram_write_bytes", "dram__bytes_write.sum", "dram write bytes", "B", "call", True),
+    # recorded, not gated: a gemm's output (KBs to MBs) stays in the 50 MB L2, so DRAM writes during a kernel
+    # are evictions whose timing varies (the Kimi int4 M = 1 case read 80, 80 and 112 B a call in three
+    # processes on one H200, DeepSeek's 496 and 320, Kimi M = 16 533,712 and 489,680), not the kernel's work
+    Counter("dram_write_bytes", "dram__bytes_write.sum", "dram write bytes", "B", "call", False),
     Counter("inst_executed", "sm__inst_executed.sum", "instructions", "inst", "call", True),
     # launch properties: a change is a different build of the kernel, which the work counters then show
     Counter("grid_size", "launch__grid_size", "grid size", "blocks", "launch", False),
@@ -62,14 +66,35 @@ class KernelCounters:
     seconds_per_call: float
 
 
+def kernel_names(launches: Sequence[Launch], calls: int) -> list[str]:
+    """Each launch's kernel as the metrics name it: its short name; or, where launches of one name ran with
+    more than one launch configuration (block and grid: one Triton function compiled twice, an up and a down
+    kernel) the same number of times in each of the window's `calls` calls, `name#1`, `name#2`, ... by its
+    place among that name's launches in a call. The place, not the grid, names them, so a retuned or
+    routing-dependent grid keeps its kernel's metrics; a name launched unevenly over the calls (a loop over
+    the touched experts) stays one kernel."""
+    by_name: dict[str, list[int]] = defaultdict(list)
+    for i, launch in enumerate(launches):
+        by_name[short_name(launch.kernel)].append(i)
+    out = [short_name(launch.kernel) for launch in launches]
+    for name, idx in by_name.items():
+        per_call, uneven = divmod(len(idx), calls)
+        if per_call < 2 or uneven or len({launches[i].config for i in idx}) < 2:
+            continue
+        for k, i in enumerate(idx):
+            out[i] = f"{name}#{k % per_call + 1}"
+    return out
+
+
 def per_kernel(launches: Iterable[Launch], calls: int) -> dict[str, KernelCounters]:
-    """The launches of one window of `calls` calls, grouped by short kernel name (in order of first launch)."""
+    """The launches of one window of `calls` calls, grouped by kernel (kernel_names; in order of first
+    launch)."""
     if calls < 1:
         raise ValueError(f"a window has at least one call, got {calls}")
+    launches = list(launches)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[str, int] = defaultdict(int)
-    for launch in launches:
-        name = short_name(launch.kernel)
+    for launch, name in zip(launches, kernel_names(launches, calls)):
         counts[name] += 1
         for m, v in launch.values.items():
             sums[name][m] += v

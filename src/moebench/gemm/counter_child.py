@@ -7,8 +7,8 @@ compilation, autotuning and the first-call allocations stay out of the counters)
 cudaProfilerStart, each of the R calls once (the timer's rotations), cudaProfilerStop. ncu runs with
 --profile-from-start off, so only that window is counted. It prints nothing on stdout, where ncu writes its table.
 
-NOT YET RUN ON A GPU (this file was written on a CPU box, no CUDA): the H200 half of docs/counters.md runs
-it first, and checks that the window holds exactly the kernels the timed graph replays.
+First run on an H200 in session 16 (docs/counters.md, "The first H200 run"): the window of the Kimi int4 M = 1
+case held its 16 calls' up and down launches, 32 in all, reading the experts' weight bytes once.
 """
 
 from __future__ import annotations
