@@ -92,6 +92,19 @@ def test_a_missing_baseline_folder_is_a_warning_naming_it(fakebench):
     assert result.outlines.count(warning) == 2, result.stdout.str()
 
 
+def test_a_broken_baseline_file_of_other_hardware_is_a_warning_naming_it(fakebench):
+    # It used to be skipped without a word: its entries' ENV_MISMATCH rows went missing unexplained.
+    fakebench.write_baseline({"a": 100.0, "b": 200.0})
+    broken = fakebench.baselines / "other-hw-x1" / "gemm.json"
+    broken.parent.mkdir()
+    broken.write_text('{"schema_version": 1,\n')
+    result = fakebench.run()
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()  # the run carries on
+    warning = (f"moebench: WARNING: {broken}: line 2 column 1: invalid JSON: Expecting property name enclosed in "
+               "double quotes (another hardware's baseline file: skipped, its entries not shown)")
+    assert result.outlines.count(warning) == 2, result.stdout.str()  # at the start and in the closing lines
+
+
 def test_a_missing_baseline_folder_is_an_error_when_strict(fakebench):
     typo = fakebench.path / "baseline"
     result = fakebench.run("--baseline-dir", str(typo), "--baseline-strict")

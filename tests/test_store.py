@@ -22,7 +22,7 @@ import pytest
 
 from moebench.baselines.schema import BaselineError, fingerprint_id
 from moebench.baselines.store import (BaselineSet, check_writable, dumps, family_path, key_folder, load_file, locked,
-                                      merge_entries, new_document, other_hardware_entries)
+                                      merge_entries, new_document, other_hardware_entries, other_hardware_problems)
 from moebench.outputs.baseline_lines import change_line, write_updates
 from moebench.core.files import atomic_write_text
 from moebench.core.metrics import Metric
@@ -252,6 +252,25 @@ def test_other_hardware_entries_skip_this_key_and_broken_files(tmp_path, valid_d
     assert found["nvidia-h200-x8"].metrics["tokens_per_s"].value == 10.3
     assert other_hardware_entries(tmp_path, HW, "gemm", "fake[nope]") == {}
     assert other_hardware_entries(tmp_path / "missing", HW, "gemm", "fake[b]") == {}
+
+
+def test_other_hardware_problems_name_each_broken_file_and_its_problem(tmp_path, valid_doc):
+    # other_hardware_entries skips these; they used to be skipped without a word (their rows just went missing).
+    for key in (HW, "nvidia-h200-x8"):
+        family_path(tmp_path, key, "gemm").parent.mkdir(parents=True)
+        family_path(tmp_path, key, "gemm").write_text(dumps({**valid_doc, "hardware_key": key}))
+    family_path(tmp_path, HW, "decode").write_text("{")  # this run's own: BaselineSet.load refuses it, not this
+    broken = family_path(tmp_path, "broken-x1", "gemm")
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{")
+    invalid = family_path(tmp_path, "invalid-x1", "gemm")
+    invalid.parent.mkdir(parents=True)
+    invalid.write_text(dumps({**valid_doc, "hardware_key": "invalid-x1", "family": "nope", "fingerprint": []}))
+    assert other_hardware_problems(tmp_path, HW) == [
+        f"{broken}: line 1 column 2: invalid JSON: Expecting property name enclosed in double quotes",
+        f"{invalid}: 2 errors, the first: family: must be one of ('gemm', 'allreduce', 'decode', 'selfcheck'), "
+        "got 'nope'"]
+    assert other_hardware_problems(tmp_path / "missing", HW) == []
 
 
 def test_check_writable(tmp_path):

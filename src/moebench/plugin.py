@@ -24,7 +24,7 @@ from moebench.suite.benchmark_tables import hide_benchmark_tables
 from moebench.outputs.baseline_lines import write_updates
 from moebench.baselines.compare import Verdict
 from moebench.baselines.schema import BaselineError
-from moebench.baselines.store import BaselineSet, check_writable
+from moebench.baselines.store import BaselineSet, check_writable, other_hardware_problems
 from moebench.suite.case_gpus import case_gpu, gpus_needed
 from moebench.suite.family_options import add_family_options
 from moebench.outputs.family_tables import family_tables
@@ -140,6 +140,10 @@ def _configure(config: pytest.Config) -> None:
                         + (" (--baseline-update creates it)" if update else ""))
     try:
         baselines = BaselineSet.load(root, key)
+        # Other hardware's files are not this run's to validate (a broken one is skipped and the run goes
+        # on), but each is named: skipped in silence, its entries' ENV_MISMATCH rows just went missing.
+        warnings += [f"moebench: WARNING: {problem} (another hardware's baseline file: skipped, its entries not shown)"
+                     for problem in other_hardware_problems(root, key)]
         if update:
             check_writable(root / key)
         if propose:

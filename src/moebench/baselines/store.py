@@ -210,24 +210,43 @@ def _load_cached(path: Path) -> dict:
     return _load_by_stamp(str(path), st.st_mtime_ns, st.st_size)
 
 
-def other_hardware_entries(root: Path, hardware_key: str, family: str, key: str) -> dict[str, BaselineEntry]:
-    """Entries for the same case key stored under other hardware keys (reported as ENV_MISMATCH).
-    Unreadable files of other hardware are skipped here: they are not this run's to validate."""
-    found: dict[str, BaselineEntry] = {}
+def _other_hardware_files(root: Path, hardware_key: str, family: str = "*") -> Iterator[Path]:
+    """`<root>/<key>/<family>.json` of every hardware key but `hardware_key`, in key order."""
     root = Path(root)
     if not root.is_dir():
-        return found
+        return
     for folder in sorted(p for p in root.iterdir() if p.is_dir() and p.name != hardware_key):
-        path = folder / f"{family}.json"
-        if not path.is_file():
-            continue
+        yield from sorted(p for p in folder.glob(f"{family}.json") if p.is_file())
+
+
+def other_hardware_entries(root: Path, hardware_key: str, family: str, key: str) -> dict[str, BaselineEntry]:
+    """Entries for the same case key stored under other hardware keys (reported as ENV_MISMATCH).
+    Unreadable files of other hardware are skipped here: they are not this run's to validate (the
+    plugin names them once, at start and end, through other_hardware_problems)."""
+    found: dict[str, BaselineEntry] = {}
+    for path in _other_hardware_files(root, hardware_key, family):
         try:
-            entry = BaselineSet(root, folder.name, {family: _load_cached(path)}).entry(family, key)
+            entry = BaselineSet(Path(root), path.parent.name, {family: _load_cached(path)}).entry(family, key)
         except BaselineError:
             continue
         if entry is not None:
-            found[folder.name] = entry
+            found[path.parent.name] = entry
     return found
+
+
+def other_hardware_problems(root: Path, hardware_key: str) -> list[str]:
+    """One line per baseline file of other hardware that does not load, naming the file and its (first)
+    problem: other_hardware_entries skips such a file, and a file dropped without a word hides its
+    entries' ENV_MISMATCH rows and notes. Returned, not printed: the caller reports them."""
+    problems = []
+    for path in _other_hardware_files(root, hardware_key):
+        try:
+            _load_cached(path)
+        except BaselineError as e:
+            lines = str(e).splitlines()  # several problems: a count line, then one indented line each
+            first = lines[1].strip().removeprefix(f"{path}: ") if len(lines) > 1 else ""
+            problems.append(f"{lines[0]}, the first: {first}" if first else lines[0])
+    return problems
 
 
 def new_document(hardware_key: str, family: str, fingerprint: dict, now: str) -> dict:
