@@ -47,6 +47,15 @@ def test_a_broken_gzip_file_is_one_line_naming_it(tmp_path):
         load_run(cut)
 
 
+def test_an_unterminated_string_is_one_complete_line(tmp_path):
+    # json's e.msg alone ("Unterminated string starting at") used to end the line, as if cut off
+    cut = tmp_path / "cut.json"
+    cut.write_text('{"hardware_key": "cpu-amd-epyc-2c", "sta')
+    with pytest.raises(ResultsError) as e:
+        load_run(cut)
+    assert str(e.value) == f"{cut}: line 1 column 37: invalid JSON: Unterminated string starting at line 1 column 37"
+
+
 def test_the_latest_run_is_taken_per_family(tmp_path):
     # A gemm run after the selfcheck runs does not make the selfcheck cases MISSING.
     trends = plots.trends(load_runs([GEMM, *SELFCHECK]))

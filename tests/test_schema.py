@@ -168,6 +168,21 @@ def test_bad_json_names_line_and_column(tmp_path):
     assert ": line 4 column 3: invalid JSON" in msg
 
 
+@pytest.mark.parametrize("text, message", [
+    # json's message ends in " at" (str(e) puts the position after it): the line used to end there, cut off
+    ('{\n  "schema_version": 1,\n  "hardware_key": "test-hw',
+     "line 3 column 19: invalid JSON: Unterminated string starting at line 3 column 19"),
+    ('{"family": "ge\tmm"}', "line 1 column 15: invalid JSON: Invalid control character at line 1 column 15"),
+    ('{"family" "gemm"}', "line 1 column 11: invalid JSON: Expecting ':' delimiter"),  # complete as json says it
+], ids=["unterminated string", "control character", "missing colon"])
+def test_bad_json_is_one_complete_line(tmp_path, text, message):
+    path = tmp_path / "gemm.json"
+    path.write_text(text)
+    with pytest.raises(BaselineError) as e:
+        load_file(path)
+    assert str(e.value) == f"{path}: {message}"
+
+
 def test_nan_in_the_file_is_not_a_finite_number(tmp_path, valid_doc):
     # Python's json reads the non-standard token NaN; the schema must still refuse it.
     path = tmp_path / "gemm.json"

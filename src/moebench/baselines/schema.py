@@ -61,6 +61,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from moebench.baselines.compare import NOISE_FACTOR
+from moebench.core.files import json_error
 from moebench.core.hardware import KEY_RULE, is_key
 from moebench.core.kinds import KINDS
 from moebench.core.metrics import DIRECTIONS, Metric
@@ -272,7 +273,7 @@ def parse_document(text: str, where: str) -> Any:
     try:
         return json.loads(text, object_pairs_hook=refuse_duplicates)
     except json.JSONDecodeError as e:
-        raise BaselineError(f"{where}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+        raise BaselineError(f"{where}: {json_error(e)}") from None
 
 
 def validate_file(doc: Any, where: str, *, hardware_key: str | None = None, family: str | None = None) -> dict:

@@ -4,6 +4,7 @@ table): nothing of a family or a format lives here."""
 from __future__ import annotations
 
 import glob
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -53,3 +54,12 @@ def atomic_write_text(path: Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def json_error(e: json.JSONDecodeError) -> str:
+    """A JSON decode error as the middle of a one-line message: "line 3 column 5: invalid JSON: <what json
+    said>". json's own sentence is completed where it ends in " at" ("Unterminated string starting at",
+    "Invalid control character at"): json puts the position after it only in str(e), so e.msg alone read
+    as a message cut off."""
+    said = f"{e.msg} line {e.lineno} column {e.colno}" if e.msg.endswith(" at") else e.msg
+    return f"line {e.lineno} column {e.colno}: invalid JSON: {said}"

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from moebench.baselines.compare import Comparison, Outcome, Verdict, deciding_metric
+from moebench.core.files import json_error
 from moebench.core.metrics import Metric
 from moebench.results.fields import ResultsError, get_field, is_number, metric_from, need, outcome, positive
 
@@ -343,4 +344,4 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ResultsError(f"{where}: line {e.lineno} column {e.colno}: invalid JSON: {e.msg}") from None
+        raise ResultsError(f"{where}: {json_error(e)}") from None
