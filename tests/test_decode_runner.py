@@ -13,6 +13,8 @@ from moebench.decode.runner import EngineRun, floor_metrics, run_case
 from moebench.decode.scenarios import DecodeCase, ScenarioError, parse_scenario
 from moebench.decode.stats import Trial
 from moebench.core.metrics import Metric
+from moebench.outputs.report import NOTE_WIDTH, text_table
+from moebench.results.document import Row
 
 # The shipped tiny config (models/tiny): 2 layers, kv_lora_rank 512, qk_rope_head_dim 64, bf16.
 TINY_KV_BYTES_PER_TOKEN = 2 * (512 + 64) * 2
@@ -132,6 +134,15 @@ def test_a_stream_held_back_by_a_cpu_host_is_not_timed_and_says_why(monkeypatch,
                        r"\(trial 1: 126 of the 127 chunks after the first came under 0\.07 ms after the one "
                        r"before, the last 902\.0 ms after the request; load average"):
         _burst_run(_case(), monkeypatch, tmp_path)
+
+
+def test_the_held_back_streams_advice_survives_the_closing_table(monkeypatch, tmp_path):
+    # The reason runs past the table's NOTE_WIDTH: clipped there, the row lost "time it on a quieter box".
+    with pytest.raises(pytest.skip.Exception) as e:
+        _burst_run(_case(), monkeypatch, tmp_path)
+    reason = e.value.msg
+    assert len(reason) > NOTE_WIDTH and reason.endswith("; time it on a quieter box")
+    assert reason in " ".join(text_table([Row("t::x", "", "SKIP", note=reason)]).split())  # wrapped, whole
 
 
 def test_a_burst_from_an_engine_on_a_gpu_fails_naming_the_burst(monkeypatch, tmp_path):

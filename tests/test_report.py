@@ -3,7 +3,8 @@ as they are), one number format everywhere, and the failure line made of the gat
 
 from moebench.baselines.compare import compare_metric
 from moebench.core.metrics import Metric
-from moebench.outputs.report import display_rows, markdown_table, one_line, tally, text_table
+from moebench.outputs.report import (NOTE_WIDTH, SKIP_NOTE_WIDTH, display_rows, markdown_table, one_line, tally,
+                                     text_table)
 from moebench.results.document import Row
 
 
@@ -25,6 +26,33 @@ def test_skips_with_one_reason_fold_into_one_row_and_counts_stay_exact():
                                                              ("t::d", "flashinfer missing")}
     assert tally(r.verdict for r in _rows()) == "1 REGRESSION, 1 PASS, 3 SKIP"
     assert "2 cases" in text_table(_rows()) and "2 cases" in markdown_table(_rows())
+
+
+def _note_text(table: str) -> str:
+    """The closing table's text with its wrapped lines joined by single spaces (a note wraps in its column)."""
+    return " ".join(table.split())
+
+
+def test_a_long_skip_reason_keeps_its_advice_and_a_long_failure_note_is_clipped():
+    # decode/runner.py's burst skip, some 430 characters: cut at NOTE_WIDTH, "; time it on a quieter box" was lost
+    reason = ("not timed on this host: the stream arrived in bursts (trial 2: 126 of the 127 chunks after the "
+              "first came under 0.07 ms after the one before, the last 902.0 ms after the request; load average "
+              "3.4 on 2 cores), so steady state 0.01563 ms/token against 7.087 ms/token end to end after the first "
+              "token: the tokens arrived in bursts (an overloaded host), so no steady rate can be read from this "
+              "run; time it on a quieter box")
+    assert NOTE_WIDTH < len(reason) <= SKIP_NOTE_WIDTH
+    failure = "AssertionError: " + "word " * 60 + "the end"
+    table = _note_text(text_table([Row("t::burst", "", "SKIP", note=reason), Row("t::f", "", "FAIL", note=failure)]))
+    assert reason in table  # whole, wrapped inside the note column
+    assert failure[:NOTE_WIDTH - 3] + "..." in table and "the end" not in table
+
+
+def test_an_overlong_skip_reason_loses_its_middle_not_its_end():
+    reason = "what happened: " + "detail " * 200 + "; do this about it"
+    table = _note_text(text_table([Row("t::s", "", "SKIP", note=reason)]))
+    assert "what happened: detail" in table and " ... " in table and table.endswith("detail ; do this about it")
+    note = table[table.index("what happened"):]
+    assert len(note) <= SKIP_NOTE_WIDTH
 
 
 def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_moebench_compare(tmp_path, capsys):

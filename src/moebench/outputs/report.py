@@ -152,9 +152,13 @@ def markdown_grid(header: list[str], body: Iterable[list[str]]) -> list[str]:
 
 # The closing table fits a terminal of WIDTH columns: notes wrap inside their column, and when the case ids
 # are too long for one line per case, each case takes two (the id alone, then its figures). A case id is
-# never cut; a note longer than NOTE_WIDTH is (a failure's first line can be a whole repr).
+# never cut; a note longer than NOTE_WIDTH is (a failure's first line can be a whole repr). A skip's note is
+# a reason written for the reader, ending in what to do about it ("...; time it on a quieter box", some 430
+# characters): cut at NOTE_WIDTH it lost that advice. It is kept whole up to SKIP_NOTE_WIDTH, and beyond
+# that loses its middle, never its end (skips sharing a reason are one row, so a long one is shown once).
 WIDTH = 120
 NOTE_WIDTH = 200
+SKIP_NOTE_WIDTH = 600
 # The narrowest note column worth wrapping into; below it the long layout (two lines a case) is used.
 MIN_NOTE = 24
 
@@ -162,6 +166,15 @@ MIN_NOTE = 24
 def clip(text: str, width: int) -> str:
     """text cut to at most width characters, ending in '...' when cut."""
     return text if len(text) <= width else text[:width - 3] + "..."
+
+
+def clip_middle(text: str, width: int) -> str:
+    """text cut to at most width characters by leaving out its middle (' ... ' in its place), so that
+    both its start and its end are kept."""
+    if len(text) <= width:
+        return text
+    head = (width - 5) // 2
+    return text[:head] + " ... " + text[len(text) - (width - 5 - head):]
 
 
 def failure_note(rep) -> str:
@@ -210,9 +223,17 @@ def _wrapped(line: str, note: str, indent: int, width: int) -> list[str]:
     return [(line + parts[0]).rstrip()] + [" " * indent + p for p in parts[1:]]
 
 
+def _table_note(r: Row) -> str:
+    """A row's note as the terminal table shows it: a skip's up to SKIP_NOTE_WIDTH with its end kept,
+    any other clipped to NOTE_WIDTH."""
+    if r.verdict == Outcome.SKIP:
+        return clip_middle(r.note, SKIP_NOTE_WIDTH)
+    return clip(r.note, NOTE_WIDTH)
+
+
 def text_table(rows: Iterable[Row], width: int = WIDTH) -> str:
-    """The verdict table for a terminal of `width` columns (notes clipped to NOTE_WIDTH and wrapped)."""
-    cells = [_cells(r)[:-1] + [clip(_cells(r)[-1], NOTE_WIDTH)] for r in display_rows(rows)]
+    """The verdict table for a terminal of `width` columns (notes clipped, see _table_note, and wrapped)."""
+    cells = [_cells(r)[:-1] + [_table_note(r)] for r in display_rows(rows)]
     widths = [max(len(c[i]) for c in [HEADER, *cells]) for i in range(len(HEADER) - 1)]
     if sum(widths) + 2 * len(widths) + MIN_NOTE <= width:  # one line per case
         indent = sum(widths) + 2 * len(widths)
