@@ -299,7 +299,7 @@ def test_inprocess_engine_killed_in_a_trial_fails_it(tmp_path):
     with pytest.raises(EngineError) as e:
         eng.trial(0, [1, 2, 3], 4, warmup=False)
     assert eng.stop() == []
-    assert "exited with code -9 before it could finish trial 0" in str(e.value)
+    assert "exited with code -9 before it could finish trial 1" in str(e.value)
     assert "segfault in the fake engine" in str(e.value)
     _assert_all_gone(pidfile)
 

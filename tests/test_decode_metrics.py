@@ -259,5 +259,5 @@ def test_a_held_back_stream_is_told_from_a_smooth_or_chunked_one():
     half_held = Trial(False, [(0.02 + 0.005 * i, 1) for i in range(64)] + [(0.9 + 1e-6 * i, 1) for i in range(64)])
     warm_burst = Trial(True, [(0.5 + 1e-6 * i, 1) for i in range(128)])
     assert burst_phrase([smooth, chunked, warm_burst]) is None
-    assert burst_phrase([smooth, half_held]) == ("trial 1: 63 of the 127 chunks after the first came under 0.07 ms "
+    assert burst_phrase([smooth, half_held]) == ("trial 2: 63 of the 127 chunks after the first came under 0.07 ms "
                                                  "after the one before, the last 900.1 ms after the request")

@@ -4,14 +4,17 @@ KV cache at the trial's mean context). No engine, no process: run_engine returns
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from moebench.decode import runner
 from moebench.decode.breakdown import Breakdown
+from moebench.decode.procs import EngineError
 from moebench.decode.categories import CATEGORIES
 from moebench.decode.runner import EngineRun, floor_metrics, run_case
 from moebench.decode.scenarios import DecodeCase, ScenarioError, parse_scenario
-from moebench.decode.stats import Trial
+from moebench.decode.stats import Trial, burst_phrase
 from moebench.core.metrics import Metric
 from moebench.outputs.report import NOTE_WIDTH, text_table
 from moebench.results.document import Row
@@ -131,7 +134,7 @@ def _burst_run(case: DecodeCase, monkeypatch, tmp_path) -> None:
 
 def test_a_stream_held_back_by_a_cpu_host_is_not_timed_and_says_why(monkeypatch, tmp_path):
     with pytest.raises(pytest.skip.Exception, match=r"^not timed on this host: the stream arrived in bursts "
-                       r"\(trial 1: 126 of the 127 chunks after the first came under 0\.07 ms after the one "
+                       r"\(trial 2: 126 of the 127 chunks after the first came under 0\.07 ms after the one "
                        r"before, the last 902\.0 ms after the request; load average"):
         _burst_run(_case(), monkeypatch, tmp_path)
 
@@ -147,7 +150,61 @@ def test_the_held_back_streams_advice_survives_the_closing_table(monkeypatch, tm
 
 def test_a_burst_from_an_engine_on_a_gpu_fails_naming_the_burst(monkeypatch, tmp_path):
     try:
-        with pytest.raises(pytest.fail.Exception, match=r"below the memory floor.*; trial 1: 126 of the 127 chunks"):
+        with pytest.raises(pytest.fail.Exception, match=r"below the memory floor.*; trial 2: 126 of the 127 chunks"):
             _burst_run(_case(device="cuda"), monkeypatch, tmp_path)
     except pytest.skip.Exception as e:  # a skip here would hide an engine that streams in bursts
         pytest.fail(f"a GPU engine's burst was skipped: {e}")
+
+
+# --- trial numbers: one convention in every message -------------------------------------------------------
+
+class FakeEngine:
+    """What run_engine asks of an engine, handing out `trials` in turn (no process, no log)."""
+
+    log = None
+
+    def __init__(self, trials: list[Trial]):
+        self.trials = trials
+
+    def start(self, progress) -> float:
+        return 1.0
+
+    def trial(self, index: int, prompt, max_tokens: int, warmup: bool) -> Trial:
+        t = self.trials[index]
+        return Trial(warmup, t.chunks, t.token_ids)
+
+    def stop(self) -> list[int]:
+        return []
+
+
+def _smooth(n: int, ttft_s: float = 0.016) -> Trial:
+    return Trial(False, [(ttft_s + 0.002 * i, 1) for i in range(n)], [])
+
+
+def test_stats_and_the_runner_name_the_same_trial_by_the_same_number(monkeypatch, tmp_path):
+    # stats counted trials from 0 and the progress lines from 1: the burst of "trial 1" was "trial 2/3"'s
+    case = _case(trials=2)  # one warm-up trial, then two measured ones
+    n = case.scenario.output_tokens
+    held = Trial(False, [(0.029, 1)] + [(0.9 + i * 0.002 / n, 1) for i in range(n - 1)], [])
+    said: list[str] = []
+    monkeypatch.setattr(runner, "make_engine", lambda case, log: (FakeEngine([_smooth(n), _smooth(n), held]), {}))
+    run = runner.run_engine(case, tmp_path / "engine.log", said.append)
+    name = burst_phrase(run.trials).split(":")[0]
+    assert name == "trial 3"
+    line = next(x for x in said if x.startswith(f"{case.id}: {name}/"))
+    assert line.startswith(f"{case.id}: trial 3/3: TTFT 29.0 ms")  # the held-back trial's own first token
+
+
+@pytest.mark.parametrize("bad, name", [(0, "trial 1 (warm-up)"), (2, "trial 3")])
+def test_a_wrong_trial_is_named_as_the_progress_lines_number_it(monkeypatch, tmp_path, bad, name):
+    # runner.py said "trial 2: wrong output" of the trial its progress lines had been counting as the third
+    case = _case(trials=2)
+    n = case.scenario.output_tokens
+    trials = [_smooth(n) for _ in range(3)]
+    trials[bad] = _smooth(n - 1)
+    said: list[str] = []
+    monkeypatch.setattr(runner, "make_engine", lambda case, log: (FakeEngine(trials), {}))
+    with pytest.raises(EngineError, match=rf"^{re.escape(name)}: wrong output: {n - 1} output tokens, expected {n}$"):
+        runner.run_engine(case, tmp_path / "engine.log", said.append)
+    numbered = [x.split(": ")[1].split("/")[0] for x in said if x.startswith(f"{case.id}: trial ")]
+    assert numbered == [f"trial {i + 1}" for i in range(bad)]  # the wrong one is the next the lines would number

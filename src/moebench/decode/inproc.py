@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.startup import StartWatch
-from moebench.decode.stats import Trial
+from moebench.decode.stats import Trial, trial_name
 
 # The worker command (tests put a fake one that speaks the same protocol in its place).
 WORKER = (sys.executable, "-m", "moebench.decode.inproc_worker")
@@ -62,15 +62,16 @@ class InProcessEngine:
 
     def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool) -> Trial:
         """Run one request through the engine and return its per-step timeline."""
-        self._send({"cmd": "trial", "index": index, "prompt": prompt, "max_tokens": max_tokens}, index)
-        ev = self._next_event("trial", time.monotonic() + self.trial_timeout, lambda s: None, trial=index)
+        name = trial_name(index, warmup)
+        self._send({"cmd": "trial", "index": index, "prompt": prompt, "max_tokens": max_tokens}, name)
+        ev = self._next_event("trial", time.monotonic() + self.trial_timeout, lambda s: None, trial=name)
         return Trial(warmup, [(float(t), int(n)) for t, n in ev["chunks"]], [int(i) for i in ev["token_ids"]])
 
     def profile(self, index: int, prompt: list[int], steps: int, timeout: float) -> dict:
         """Run one trial with `steps` decode steps under the engine's profiler (its trace lands in the
         profiler_config's folder); returns the worker's event (tokens, steps, wall_s)."""
-        self._send({"cmd": "profile", "index": index, "prompt": prompt, "steps": steps}, index)
-        return self._next_event("profile", time.monotonic() + timeout, lambda s: None, trial=index)
+        self._send({"cmd": "profile", "index": index, "prompt": prompt, "steps": steps}, "the profiled trial")
+        return self._next_event("profile", time.monotonic() + timeout, lambda s: None, trial="the profiled trial")
 
     def stop(self) -> list[int]:
         """Stop the worker and every engine process it started; returns pids that survived (none)."""
@@ -81,20 +82,22 @@ class InProcessEngine:
             return []
         return self.proc.stop(self.grace_s)
 
-    def _send(self, cmd: dict, index: int) -> None:
+    def _send(self, cmd: dict, trial: str) -> None:
+        """Send one command line to the worker; `trial` (stats.trial_name) names the trial in the error."""
         assert self.proc is not None and self.proc.proc.stdin is not None
         try:
             self.proc.proc.stdin.write((json.dumps(cmd) + "\n").encode())
             self.proc.proc.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise EngineError(f"trial {index}: the engine process is gone (exit code {self.proc.exit_code()})",
+            raise EngineError(f"{trial}: the engine process is gone (exit code {self.proc.exit_code()})",
                               self.log) from None
 
     def _pids(self) -> list[int]:
         return self.proc.pids() if self.proc else []
 
-    def _next_event(self, want: str, deadline: float, progress: Callable[[str], None], trial: int | None = None) -> dict:
-        what = "become ready" if trial is None else f"finish trial {trial}"
+    def _next_event(self, want: str, deadline: float, progress: Callable[[str], None], trial: str | None = None) -> dict:
+        # trial: the trial's name (stats.trial_name) for the messages; None while starting
+        what = "become ready" if trial is None else f"finish {trial}"
         next_note = time.monotonic() + 15
         watch = StartWatch(self.log, self._pids)  # a start's phase and compilers (startup.py)
         while True:

@@ -26,7 +26,8 @@ from moebench.decode.procs import EngineError
 from moebench.decode.scenarios import DecodeCase, Scenario
 from moebench.decode.server import ServerEngine
 from moebench.decode.sglang_engine import SGLangServerEngine, read_breakdown
-from moebench.decode.stats import Trial, burst_phrase, check_trial, decode_metrics, implausible, per_trial_summary
+from moebench.decode.stats import (Trial, burst_phrase, check_trial, decode_metrics, implausible, per_trial_summary,
+                                   trial_name)
 from moebench.decode.trace import TraceError, find_trace, load_events, split_steps
 from moebench.core.kinds import DEVICE_KERNEL, GPU_DECODE, HOST_BOUND
 from moebench.core.metrics import Metric
@@ -152,11 +153,11 @@ def run_engine(case: DecodeCase, log: Path, say: Callable[[str], None]) -> Engin
             t = engine.trial(i, commands.prompt_ids(case, i, vocab or 32000), s.output_tokens, warm)
             wrong = check_trial(t, s.output_tokens, vocab)
             if wrong:
-                msg = f"trial {i}: wrong output: {wrong}"
+                msg = f"{trial_name(i, warm)}: wrong output: {wrong}"
                 raise EngineError(msg, engine.log)
             trials.append(t)
             rates = t.window_rates_s()
-            progress(f"trial {i + 1}/{total}{' (warm-up, not gated)' if warm else ''}: "
+            progress(f"{trial_name(i)}/{total}{' (warm-up, not gated)' if warm else ''}: "
                      f"TTFT {t.ttft_s * 1e3:.1f} ms, {statistics.median(rates) * 1e3 if rates else float('nan'):.3f} ms/token")
         if s.profile_steps and isinstance(engine, (InProcessEngine, SGLangServerEngine)):
             progress(f"profiled trial: {s.profile_steps} decode steps (apart from the timed trials)")

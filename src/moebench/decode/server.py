@@ -18,7 +18,7 @@ from moebench.decode import openai_stream
 from moebench.decode.openai_stream import StreamBroken, StreamResult
 from moebench.decode.procs import EngineError, EngineProcess
 from moebench.decode.startup import StartWatch
-from moebench.decode.stats import Trial
+from moebench.decode.stats import Trial, trial_name
 
 
 class ServerEngine:
@@ -100,8 +100,9 @@ class ServerEngine:
         return openai_stream.stream_completion(self.url, payload, read_timeout=self.trial_timeout,
                                                deadline=time.monotonic() + self.trial_timeout)
 
-    def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool) -> Trial:
-        """Stream one completion and return its per-chunk timeline."""
+    def trial(self, index: int, prompt: list[int], max_tokens: int, warmup: bool, name: str = "") -> Trial:
+        """Stream one completion and return its per-chunk timeline; `name` names it in an error (default
+        stats.trial_name's)."""
         try:
             res = self.stream(prompt, max_tokens)
         except StreamBroken as e:
@@ -110,7 +111,7 @@ class ServerEngine:
                 time.sleep(0.2)  # a killed server closes its sockets a moment before it is reaped
                 code = self.proc.exit_code()
             gone = f"; the server process exited with code {code}" if code is not None else ""
-            raise self._fail(f"trial {index}: {e}{gone}") from None
+            raise self._fail(f"{name or trial_name(index, warmup)}: {e}{gone}") from None
         self.usage_tokens.append(res.usage_tokens)
         return res.trial(warmup)
 

@@ -140,7 +140,7 @@ class SGLangServerEngine(ServerEngine):
             raise self._fail(f"profiled trial: POST /start_profile failed: {e}") from None
         if status != 200:
             raise self._fail(f"profiled trial: POST /start_profile answered HTTP {status}: {text.strip()[:300]}")
-        self.trial(index, prompt, steps + PROFILE_EXTRA_TOKENS, warmup=True)
+        self.trial(index, prompt, steps + PROFILE_EXTRA_TOKENS, warmup=True, name="profiled trial")
         deadline, seen = time.monotonic() + timeout, None
         while True:
             try:

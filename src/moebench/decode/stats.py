@@ -150,9 +150,17 @@ def implausible(metrics: dict[str, Metric], floor_ms: float | None = None) -> st
     return None
 
 
+def trial_name(index: int, warmup: bool = False) -> str:
+    """How every message names the trial at 0-based `index` of a case's run: 1-based, in the order the
+    engine ran them with the warm-up trials counted ("trial 1 (warm-up)", "trial 3"), as the progress
+    lines number them ("trial 3/5"). One way for all: stats said "trial 1" for the trial the progress
+    lines called "trial 2/5"."""
+    return f"trial {index + 1}" + (" (warm-up)" if warmup else "")
+
+
 def burst_phrase(trials: list[Trial]) -> str | None:
     """Where a quarter or more of the chunks of a measured trial arrived all but together with the one
-    before (under 1% of the trial's mean time per chunk apart), the worst such trial in words ("trial 1:
+    before (under 1% of the trial's mean time per chunk apart), the worst such trial in words ("trial 2:
     126 of the 127 chunks after the first came under 0.07 ms after the one before, the last 902.0 ms
     after the request"), else None. Such a stream was held back and flushed, whole or in parts, by its host: a
     stream whose chunks carry several tokens each still has them spaced."""
@@ -168,16 +176,17 @@ def burst_phrase(trials: list[Trial]) -> str | None:
     if worst is None:
         return None
     held, i, n, close, end = worst
-    return (f"trial {i}: {held} of the {n} chunks after the first came under {close * 1e3:.2f} ms after the one "
+    return (f"{trial_name(i)}: {held} of the {n} chunks after the first came under {close * 1e3:.2f} ms after the one "
             f"before, the last {end * 1e3:.1f} ms after the request")
 
 
 def per_trial_summary(trials: list[Trial]) -> list[dict]:
-    """One line of figures per trial, warm-up marked, for the results JSON and progress lines."""
+    """One line of figures per trial, warm-up marked, for the results JSON; "trial" numbers it as
+    trial_name does (1-based, warm-up trials counted)."""
     rows = []
     for i, t in enumerate(trials):
         itl = t.itls_s()
-        rows.append({"trial": i, "warmup": t.warmup, "tokens": t.tokens, "ttft_ms": round(t.ttft_s * 1e3, 3),
+        rows.append({"trial": i + 1, "warmup": t.warmup, "tokens": t.tokens, "ttft_ms": round(t.ttft_s * 1e3, 3),
                      "median_itl_ms": round(statistics.median(itl) * 1e3, 4) if itl else None,
                      "e2e_ms_per_token": round(1e3 * t.total_s / t.tokens, 4) if t.tokens else None})
     return rows
