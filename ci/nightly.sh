@@ -42,6 +42,15 @@ py="${PYTHON:-python3}"
 export PYTHONPATH="$root/src${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moebench, installed or not
 
 die() { echo "ci/nightly.sh: error: $*" >&2; exit 2; }
+# The words as a shell needs them typed: plain ones as they are, any other single-quoted (${a@Q}), so a
+# command shown can be pasted back (`-m "gemm and tiny"` used to show as -m gemm and tiny).
+shell_words() {
+  local a out=()
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then out+=("$a"); else out+=("${a@Q}"); fi
+  done
+  echo "${out[*]}"
+}
 
 mode=auto job="" markers="" workers="" out="" baseline_dir=baselines storage="" history="" timeout_min="" strict="" extra=()
 acknowledged=ci/acknowledged-changes.toml
@@ -122,7 +131,7 @@ if [ "$workers" != 0 ]; then
 fi
 # Leave a fifth of the limit (at most 5 minutes) for the report; SIGINT lets pytest write what it has.
 limit_s=$((timeout_min * 60)); reserve=$((limit_s / 5 < 300 ? limit_s / 5 : 300))
-echo "== $py -m pytest benchmarks/ ${args[*]} ${extra[*]}"
+echo "== $(shell_words "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}")"
 # --foreground: pytest stays in this script's process group, so a cancelled job or a Ctrl-C reaches it.
 timeout --foreground -s INT -k 120 $((limit_s - reserve)) "$py" -m pytest benchmarks/ "${args[@]}" "${extra[@]}" 2>&1 | tee "$out/pytest.log"
 rc=${PIPESTATUS[0]}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,28 @@ def test_no_plots_skips_the_report_but_keeps_the_results(tmp_path):
                         "-k", "copy_bandwidth"], cwd=REPO, env=env(tmp_path), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
     assert (out / "results.json").exists() and not (out / "report").exists()
+
+
+# A PYTHON whose `-m pytest` prints the arguments it was given and selects nothing (exit 5); anything
+# else is the real interpreter.
+ARGV_STUB = f'''#!{sys.executable}
+import json, os, sys
+if sys.argv[1:3] != ["-m", "pytest"]:
+    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
+print("stub argv: " + json.dumps(sys.argv[1:]))
+sys.exit(5)
+'''
+
+
+def test_the_pytest_command_shown_can_be_pasted_back(tmp_path):
+    # It was echoed unquoted: `-m "selfcheck and not gpu"` showed as -m selfcheck and not gpu.
+    stub = tmp_path / "python"
+    stub.write_text(ARGV_STUB)
+    stub.chmod(0o755)
+    r = subprocess.run(["ci/nightly.sh", "--cpu", "--no-plots", "--markers", "selfcheck and not gpu", "--out",
+                        str(tmp_path / "out"), "--", "-k", "copy or it's", "--tb=short"],
+                       cwd=REPO, env={**env(tmp_path), "PYTHON": str(stub)}, capture_output=True, text=True, timeout=120)
+    given = json.loads(next(x for x in r.stdout.splitlines() if x.startswith("stub argv: "))[len("stub argv: "):])
+    shown = next(x for x in r.stdout.splitlines() if x.startswith(f"== {stub} -m pytest "))
+    assert shlex.split(shown.removeprefix("== ")) == [str(stub), *given], shown
+    assert " -m 'selfcheck and not gpu' " in shown and " -k 'copy or it'\\''s' --tb=short" in shown
