@@ -37,6 +37,17 @@ def test_report_writes_a_png_per_case_and_the_index(tmp_path, capsys):
     assert md.index("| ERROR |") < md.index("| NEW |")  # worst first
 
 
+def test_report_folds_its_skips_into_one_line_naming_their_reasons(tmp_path, capsys):
+    # A CPU nightly ended with a table of dozens of SKIP rows and not one reason.
+    out = tmp_path / "r"
+    assert main(["report", str(DATA / "gemm-tiny-cpu.json"), "--out", str(out)]) == 0  # 36 NEW, 18 SKIP
+    printed = capsys.readouterr().out.splitlines()
+    assert not [line for line in printed if line.startswith("SKIP")]
+    assert sum(line.startswith("NEW ") for line in printed) == 36
+    assert "18 SKIP, not listed: needs 1 CUDA GPU, NVML sees 0 visible here (18)" in printed
+    assert (out / "index.md").read_text().count("| SKIP |") == 18  # the page lists each, with its reason
+
+
 def test_trend_uses_the_stored_baseline_and_its_tolerance(tmp_path):
     root = tmp_path / "baselines"
     assert main(["baselines", "promote", str(RUNS[0]), "--all", "--baseline-dir", str(root)]) == 0

@@ -55,6 +55,25 @@ def test_an_overlong_skip_reason_loses_its_middle_not_its_end():
     assert len(note) <= SKIP_NOTE_WIDTH
 
 
+def test_the_terminal_index_folds_skips_into_one_line_by_reason():
+    from moebench.outputs.report_page import IndexRow, index_text, skip_line
+
+    def row(verdict, key, note=""):
+        return IndexRow(verdict, key, "-", "-", "-", "-", 0, None, note)
+
+    long = "vllm is not installed here; " + "x" * 100 + "; pip install 'moebench[vllm]'"
+    rows = [row("REGRESSION", "gemm[r]"), row("PASS", "gemm[p]")] + [row("SKIP", f"t::g{i}", "needs 1 CUDA GPU")
+                                                                     for i in range(30)]
+    rows += [row("SKIP", f"t::v{i}", long) for i in range(5)] + [row("SKIP", "t::n"), row("SKIP", "t::a", "a"),
+                                                                  row("SKIP", "t::b", "b")]
+    text = index_text(rows)
+    assert [line.split()[0] for line in text.splitlines()] == ["verdict", "----------", "REGRESSION", "PASS", "38"]
+    assert text.splitlines()[-1] == ("38 SKIP, not listed: needs 1 CUDA GPU (30); vllm is not installed here; "
+                                     + "x" * 49 + "... (5); a (1); 2 other reasons (2)")
+    assert skip_line(rows[:2]) == "" and index_text(rows[:2]).splitlines()[-1].startswith("PASS")
+    assert index_text(rows[2:5]) == "3 SKIP, not listed: needs 1 CUDA GPU (3)"  # no empty table
+
+
 def test_one_number_format_in_the_closing_table_the_failure_line_the_store_and_moebench_compare(tmp_path, capsys):
     # The closing table and the failure line wrote 4.687e+04 us and `moebench compare` 46870 us; compare
     # wrote 20.00 GB/s where the failure line wrote 20 GB/s. One formatter now: 4 significant digits, no

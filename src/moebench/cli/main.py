@@ -176,9 +176,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     rows, written = report_page.write_report(runs, Path(args.out), metric=args.metric, baselines=baselines,
                                              case_filter=matcher(args.case), changes=changes, notes=notes)
     pngs = [p for p in written if p.suffix == ".png" and p.parent.name == "plots"]  # the trends, not the charts
-    print(table(["verdict", "case", "metric", "latest", "baseline", "delta", "runs"],
-                [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)] for r in rows],
-                right=(3, 4, 5, 6)))
+    print(report_page.index_text(rows))
     print()
     print(f"{len(pngs)} plot{'s' if len(pngs) != 1 else ''} from {len(runs)} run{'s' if len(runs) != 1 else ''} "
           f"in {Path(args.out) / 'plots'}; index: {Path(args.out) / 'index.html'}, {Path(args.out) / 'index.md'}")

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import collections
 import html
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +23,15 @@ from moebench.outputs.charts import backend_panels, breakdown_groups, plot_backe
 from moebench.core.files import atomic_write_text
 from moebench.outputs.plots import VERDICT_COLOURS, CaseTrend, plot_trend, png_name, require_matplotlib, trends
 from moebench.outputs.family_tables import family_tables
-from moebench.outputs.report import (CHANGE_HEADER, change_cells, changes_markdown, changes_tally, fmt_pct, fmt_value,
-                             markdown_grid, tables_markdown, tables_text, tally)
+from moebench.outputs.report import (CHANGE_HEADER, change_cells, changes_markdown, changes_tally, clip, fmt_pct,
+                             fmt_value, markdown_grid, table, tables_markdown, tables_text, tally)
 from moebench.results.document import CaseDoc, ResultsDoc, Row
 from moebench.history.runs import latest_runs
 
 CASE_HEADER = ["verdict", "case", "metric", "latest", "baseline", "delta", "runs", "plot", "note"]
+# The terminal's index folds its skips into one line: the most common reasons named, each cut to this width.
+SKIP_REASONS_SHOWN = 3
+SKIP_REASON_WIDTH = 80
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,34 @@ def summary_line(runs: list[ResultsDoc], rows: list[IndexRow], changes: Sequence
     if changes is not None:
         out += f"; {changes_tally(changes)}"
     return out
+
+
+def index_text(rows: list[IndexRow]) -> str:
+    """The index for a terminal (`moebench report`): the rows in a table, worst first, except the skips,
+    which are one line under it (skip_line). On a CPU box nearly every case is a GPU case that skips: the
+    table ended a nightly with dozens of SKIP rows and not one reason. The page lists each skip, with its reason."""
+    listed = [r for r in rows if r.verdict != Outcome.SKIP]
+    out = []
+    if listed or not rows:
+        out.append(table(CASE_HEADER[:7], [[r.verdict, r.key, r.metric, r.value, r.baseline, r.delta, str(r.runs)]
+                                           for r in listed], right=(3, 4, 5, 6)))
+    out += [line for line in [skip_line(rows)] if line]
+    return "\n".join(out)
+
+
+def skip_line(rows: Sequence[IndexRow]) -> str:
+    """The skipped rows in one line, by reason, most common first: "37 SKIP, not listed: needs 1 CUDA GPU,
+    NVML sees 0 visible here (30); vllm is not installed (7)"; past SKIP_REASONS_SHOWN reasons, a count of
+    the others; "" when nothing skipped."""
+    reasons = collections.Counter(r.note or "no reason given" for r in rows if r.verdict == Outcome.SKIP)
+    if not reasons:
+        return ""
+    ranked = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))
+    parts = [f"{clip(reason, SKIP_REASON_WIDTH)} ({n})" for reason, n in ranked[:SKIP_REASONS_SHOWN]]
+    rest = ranked[SKIP_REASONS_SHOWN:]
+    if rest:
+        parts.append(f"{len(rest)} other reason{'s' if len(rest) != 1 else ''} ({sum(n for _, n in rest)})")
+    return f"{sum(reasons.values())} SKIP, not listed: " + "; ".join(parts)
 
 
 def index_markdown(page: Page) -> str:
