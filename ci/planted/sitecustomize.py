@@ -9,12 +9,16 @@ for the kernel module's import, lets the other finders load it, and right after 
 any kernel can have compiled) replaces its `_load_ws`. Unset (or "0"), this file adds no finder and plants
 nothing.
 
+Planted, moebench_planted_narrow.plant prints one line on stderr (`moebench planted regression: ...`); stdout
+stays the program's (the ncu child's is where ncu writes its table).
+
 Python imports only the first `sitecustomize` on sys.path, and PYTHONPATH comes before site-packages and the
-standard library, so this one shadows any the image has (Debian and Ubuntu's python3 ship one in
-/usr/lib/python3.X, a venv's site-packages may hold another; none was found on this project's CPU image).
-So that putting ci/planted on PYTHONPATH changes nothing else, the next `sitecustomize` on sys.path after
-this folder, if there is one, is run too, as Python would have run it (errors in it are printed, not raised,
-as site.py does).
+standard library, so this one shadows any the image has (Debian's and Ubuntu's python3 ship one in
+/usr/lib/python3.X; a venv's site-packages may hold another). On the CPU development image `import
+sitecustomize` finds none; the H200 image's python3 (/opt/torch/.venv, Python 3.12) was not checked. So that
+putting ci/planted on PYTHONPATH changes nothing else (the decode plants put it there too), the next
+`sitecustomize` on sys.path after this folder, if there is one, is run as well, as Python would have run it
+(an error in it is printed, not raised, as site.py does). `usercustomize` is not affected.
 """
 
 import os
@@ -73,7 +77,8 @@ def _chain() -> None:
     try:
         import importlib.machinery
 
-        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _after(os.path.dirname(os.path.realpath(__file__))))
+        here = os.path.dirname(os.path.realpath(__file__))
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", _after(here))
         if spec is None or spec.loader is None:
             return
         import importlib.util
