@@ -102,7 +102,8 @@ def specs() -> list[Spec]:
     return out
 
 
-def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
+def compile_kernel(spec: Spec):
+    """triton.compile of the spec for TARGET: the compiled kernel, its `asm` holding ttgir, ptx and cubin."""
     fn = spec.fn
     names = list(fn.arg_names)
     sig, attrs = {}, {}
@@ -117,8 +118,12 @@ def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
             if n not in UNALIGNED_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
     src = ASTSource(fn=fn, signature=sig, constexprs=dict(spec.const), attrs=attrs)
-    k = triton.compile(src, target=TARGET, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
-                                                        **spec.opts))
+    return triton.compile(src, target=TARGET, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
+                                                           **spec.opts))
+
+
+def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
+    k = compile_kernel(spec)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = Path(tmp) / "k.ptx"
         ptx.write_text(k.asm["ptx"])
