@@ -15,6 +15,7 @@ from moebench.core import hardware
 from moebench.gemm import counters as gemm_counters
 from moebench.gemm.backends import BACKENDS
 from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
+from moebench.gemm.counter_batch import CounterBatch
 from moebench.plugin import marker_names_in
 from moebench.suite.unmeasured import declare_cases
 
@@ -62,6 +63,29 @@ def _workload(shape_case: GemmCase, device: str):
     return Workload(shape_case, device)
 
 
+# The session's counts under --counters (one ncu child a chunk of cases), made on its first counted case.
+_COUNTER_BATCH = pytest.StashKey[CounterBatch]()
+
+
+def _selected_cases(items) -> list[GemmCase]:
+    """The cases of the session's selected test_gemm items, in the order they run."""
+    return [item.callspec.params["case"] for item in items
+            if getattr(item, "originalname", None) == "test_gemm" and hasattr(item, "callspec")
+            and isinstance(item.callspec.params.get("case"), GemmCase)]
+
+
+def _counter_batch(request, device: str, cc) -> CounterBatch:
+    """The session's CounterBatch, planned on first use from every selected gemm case whose backend runs on
+    this machine (the others skip before counting), so that one ncu child counts a chunk of them and later
+    cases read their counts from it."""
+    stash = request.config.stash
+    if _COUNTER_BATCH not in stash:
+        planned = [c.id for c in _selected_cases(request.session.items)
+                   if BACKENDS[c.backend].unavailable(c, device, cc) is None]
+        stash[_COUNTER_BATCH] = CounterBatch(planned, gemm_counters.tool_of(hardware.fingerprint()))
+    return stash[_COUNTER_BATCH]
+
+
 def test_gemm(case: GemmCase, moebench, request):
     from moebench.gemm import runner
 
@@ -87,16 +111,19 @@ def test_gemm(case: GemmCase, moebench, request):
 
     # request is None where a unit test calls test_gemm itself (tests/test_gemm_runner.py)
     counting = request is not None and bool(request.config.getoption("counters", default=False))
+    counted: dict = {}
+    if counting:  # one more run under ncu; a machine that cannot count says why and the timing stands
+        # Before the timing, not inside measure(): the case's chunk may count dozens of cases (minutes), which
+        # must not run under this case's clock monitor; a re-measure reads the same counts.
+        counted, info["counters"] = gemm_counters.count(case, device, ceiling, _counter_batch(request, device, cc),
+                                                        moebench.progress)
+        if not counted:
+            moebench.progress(f"{case.key}: counters not recorded: {next(iter(info['counters'].values()))}")
 
     def measure():
         metrics, extra = runner.measure(built, wl, ceiling=ceiling, l2_bytes=l2)
         info.update(extra)
-        if counting:  # one more run under ncu; a machine that cannot count says why and the timing stands
-            counted, info["counters"] = gemm_counters.count(case, device, ceiling,
-                                                            gemm_counters.tool_of(hardware.fingerprint()))
-            metrics.update(counted)
-            if not counted:
-                moebench.progress(f"{case.key}: counters not recorded: {next(iter(info['counters'].values()))}")
+        metrics.update(counted)
         return metrics
 
     moebench.record(case.key, "gemm", runner.definition(case, device), measure, info=info,

@@ -165,6 +165,7 @@ def test_a_real_h200_window_parses_into_the_up_and_the_down_kernel():
     got = launches(H200)
     assert len(got) == 32 and {x.kernel for x in got} == {"moebench_w4_mma"}
     assert got[0].config == "block (512, 1, 1) grid (8, 16, 1)" and got[1].config == "block (128, 1, 1) grid (1, 224, 1)"
+    assert (got[0].grid, got[1].grid) == ((8, 16, 1), (1, 224, 1))  # what a boundary marker's position is read from
     view = per_kernel(got, calls=16)
     up, down = view["moebench_w4_mma#1"], view["moebench_w4_mma#2"]
     assert (up.launches_per_call, up.values["grid_size"], up.values["registers_per_thread"]) == (1, 128, 128)

@@ -45,6 +45,7 @@ _TIME = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e
          "second": 1.0, "s": 1.0}
 _PLAIN = {"": "", "%": "%", "register/thread": "register/thread"}
 _UNIT = re.compile(r"^([KMGTP]?)(.+)$")
+_DIMS = re.compile(r"^\(\s*\d+(\s*,\s*\d+)*\s*\)$")  # "(8, 16, 1)", as the Block/Grid Size columns read
 
 
 class NcuFormatError(ValueError):
@@ -64,6 +65,8 @@ class Launch:
     # none): one Triton function launched twice a call with other constexprs (an up and a down kernel) is one
     # name and two kernels
     config: str = ""
+    # the Grid Size column as numbers, (8, 16, 1); () where the output has none or it does not read as one
+    grid: tuple[int, ...] = ()
 
 
 def normalise(value: float, unit: str) -> tuple[float, str]:
@@ -86,6 +89,11 @@ def _number(text: str) -> float:
     if not math.isfinite(x):
         raise ValueError(text)
     return x
+
+
+def _dims(text: str) -> tuple[int, ...]:
+    """"(8, 16, 1)" -> (8, 16, 1); () for anything else (the column is informational unless a caller needs it)."""
+    return tuple(int(x) for x in text.strip()[1:-1].split(",")) if _DIMS.match(text.strip()) else ()
 
 
 def _is_header(fields: Sequence[str]) -> bool:
@@ -145,7 +153,8 @@ def parse_raw_csv(text: str, metrics: Sequence[str], source: str = "ncu output")
             raise NcuFormatError(f"{source}: line {no}: field 'ID': {fields[col['ID']]!r} is not a number") from None
         config = " ".join(f"{word} {fields[col[c]]}" for word, c in (("block", "Block Size"), ("grid", "Grid Size"))
                           if c in col and fields[col[c]])
-        out.append(Launch(launch_id, fields[col["Kernel Name"]], values, units, config))
+        grid = _dims(fields[col["Grid Size"]]) if "Grid Size" in col else ()
+        out.append(Launch(launch_id, fields[col["Kernel Name"]], values, units, config, grid))
     return out
 
 

@@ -9,8 +9,9 @@ window with cudaProfilerStart/Stop (torch.cuda.profiler.start/stop). It pins wha
 bytes a cold L2 reads), `--clock-control none` (the GPU's own clocks, as the timer sees them) and
 `--print-units base` (unscaled values, no rounding to 4 digits). A machine whose ncu cannot read the counters
 (ERR_NVGPUCTRPERM) raises NcuUnavailable: a skip with its reason, not a failure. With KEEP_ENV set to a
-folder, each launch's raw output (ncu's stdout as <case>.csv, its stderr as <case>.err) is kept there, also when it failed or could
-not be parsed: the table a parse was made from, and the file to read when it was not.
+folder, each launch's raw output (ncu's stdout as <name>.csv, its stderr as <name>.err; the caller names the
+launch, keep_path) is kept there, also when it failed or could not be parsed: the table a parse was made
+from, and the file to read when it was not.
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ def ncu_command(ncu: str, metrics: Sequence[str], module: str, args: Sequence[st
 
 
 def keep_path(name: str) -> str | None:
-    """Where to keep the raw output of the launch called `name` (a case id): KEEP_ENV's folder, else None."""
+    """Where to keep the raw output of the launch called `name` (a chunk of cases, say): KEEP_ENV's folder,
+    else None."""
     folder = os.environ.get(KEEP_ENV)
     return os.path.join(folder, re.sub(r"[^\w.-]", "_", name) + ".csv") if folder else None
 
@@ -125,7 +127,8 @@ def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
-        raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s: {' '.join(cmd[-3 - len(args):])}") from None
+        # the module, not its arguments: a child counting a chunk of cases has dozens of them
+        raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s running {module}") from None
     except OSError as e:
         raise NcuFailed(f"ncu could not be started ({ncu}): {e}") from None
     if keep:
