@@ -157,7 +157,8 @@ def test_the_session_counts_every_selected_case_in_one_child_and_later_cases_rea
     spec.loader.exec_module(bench)
     planned = [GemmCase("tiny", 8, "fused", m, "bf16", "decode", "torch_loop") for m in (1, 2, 4, 8)]
     no_sm80 = GemmCase("tiny", 8, "fused", 1, "bf16", "decode", "torch_grouped_mm")  # needs cc 8.0, GPU is 7.0
-    items = [_item(planned[0]), _item(no_sm80), _item(planned[1]), _item(planned[0], name="test_other"),
+    other_test = _item(GemmCase("tiny", 8, "fused", 16, "bf16", "decode", "torch_loop"), name="test_other")
+    items = [_item(planned[0]), _item(no_sm80), _item(planned[1]), other_test,
              SimpleNamespace(originalname="test_no_params"), _item(planned[2]), _item(planned[3])]
     request = SimpleNamespace(config=SimpleNamespace(stash=pytest.Stash()), session=SimpleNamespace(items=items))
     monkeypatch.setattr(hardware, "fingerprint", lambda: {"ncu": {"path": "/opt/ncu/ncu", "version": "2025.3.1.0"}})
