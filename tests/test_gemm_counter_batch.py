@@ -194,3 +194,23 @@ def test_a_window_is_per_call_over_the_chunks_calls():
 def test_a_chunk_holds_a_case_at_least():
     with pytest.raises(ValueError, match="at least one case"):
         CounterBatch(["a"], TOOL, chunk_cases=0)
+
+
+def test_a_chunk_whose_every_case_failed_its_check_keeps_each_reason_though_ncu_printed_no_table():
+    # ncu prints no table when nothing was profiled: the report's reasons are what the cases fail with
+    class NothingProfiled(FakeChild):
+        def __call__(self, ncu, metrics, module, args, **kw):
+            super().__call__(ncu, metrics, module, args, **kw)
+            return parse_raw_csv("==PROF== Disconnected from process 1\n==WARNING== No kernels were profiled.\n",
+                                 metrics, source="ncu output of moebench.gemm.counter_child")
+
+    fails = {"a": "its output failed the check before counting: gemm[a] ...", "b": "no gemm case 'b'"}
+    batch = CounterBatch(["a", "b"], TOOL, run=NothingProfiled(fails=fails))
+    assert batch.count("a").reason == {
+        "failed": f"the counter child did not count it (counters-chunk01): {fails['a']}"}
+    assert batch.count("b").reason["failed"].endswith("no gemm case 'b'")
+    # with a case counted, a missing table is the chunk's failure
+    batch = CounterBatch(["a", "b"], TOOL, run=NothingProfiled(fails={"a": fails["a"]}))
+    assert batch.count("b").reason == {"failed": "counters-chunk01 (2 cases in one ncu child): ncu output of "
+                                                 "moebench.gemm.counter_child: no ncu raw CSV header (a row starting "
+                                                 "\"ID\" with \"Kernel Name\")"}

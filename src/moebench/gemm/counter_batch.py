@@ -108,13 +108,11 @@ class CounterBatch:
                  f"{time.monotonic() - t0:.0f} s")
 
     def _shares(self, ids: list[str], name: str, report: str, timeout: float, keep: str | None) -> dict[str, CaseCount]:
-        where = f"{name} ({len(ids)} cases in one ncu child)"
+        where = f"{name} ({len(ids)} case{'s' if len(ids) > 1 else ''} in one ncu child)"
+        no_table = None
         try:
             launches = self._run(self.tool.path, NCU_METRICS, CHILD, child_args(ids, self.calls, report),
                                  timeout_s=timeout, keep=keep)
-            reports = read_report(report, ids)
-            counted = [(r.position, r.case) for r in reports if r.counted]
-            windows = split_at_markers(launches, BOUNDARY_KERNEL, counted, source=f"ncu output of {name}")
         except NcuUnavailable as e:
             self._skip = str(e)
             return {cid: CaseCount(reason={"skipped": self._skip}) for cid in ids}
@@ -122,8 +120,18 @@ class CounterBatch:
             n = finished_so_far(report)
             stopped = f"; the child had finished {n} of them and stopped in {ids[n]}" if n < len(ids) else ""
             return {cid: CaseCount(reason={"failed": f"{where}: {e}{stopped}"}, chunk=name) for cid in ids}
+        except NcuFormatError as e:  # also what ncu prints when it profiled nothing: no table at all
+            launches, no_table = [], e
+        try:
+            reports = read_report(report, ids)
+            counted = [(r.position, r.case) for r in reports if r.counted]
+            if no_table is not None and counted:
+                raise no_table
+            # a chunk whose every case failed before its window profiled nothing: each case keeps its own reason
+            windows = split_at_markers(launches, BOUNDARY_KERNEL, counted, source=f"ncu output of {name}")
         except (NcuFormatError, ReportError) as e:
-            return {cid: CaseCount(reason={"failed": f"{where}: {e}"}, chunk=name) for cid in ids}
+            # ncu's output not being the table says more than the report that then went missing
+            return {cid: CaseCount(reason={"failed": f"{where}: {no_table or e}"}, chunk=name) for cid in ids}
         return {r.case: CaseCount(tuple(windows[r.case]), chunk=name) if r.counted else
                 CaseCount(reason={"failed": f"the counter child did not count it ({name}): {r.failed}"}, chunk=name)
                 for r in reports}
