@@ -19,6 +19,17 @@
 #   plant-attention  ci/planted's vLLM plugin running one MLA decode attention call in round(1/F) twice
 #                    (MOEBENCH_PLANT_ATTENTION, default 0.07) on the in-process Kimi INT4 rank, gated: it must
 #                    fail on step_attention_ms, "moved most: attention" (plant-attention.tgz)
+#   counters-aa      issue 34's counter runs: MOEBENCH_AA_RUNS (default 3) separate processes of the gemm cases
+#                    -m "$MOEBENCH_COUNTERS_M" selects (default: the default selection's triton and vllm_marlin,
+#                    "gemm and not full and (triton or vllm_marlin)"), narrowed by -k "$MOEBENCH_COUNTERS_K"
+#                    when set, with --counters (ncu: MOEBENCH_NCU, default /usr/local/cuda/bin/ncu), gated
+#                    against the committed baselines: counters.tgz (run-<i>.json, the kept ncu tables)
+#   counters-promote counters-aa's runs promoted (every case) into a scratch copy of the committed baselines,
+#                    $MOEBENCH_LENT_SCRATCH/baselines, which plant-narrow then gates against
+#   plant-narrow     ci/planted's narrow weight loads (MOEBENCH_PLANT_NARROW_LOADS=1: the same bytes in twice the
+#                    load instructions) on the Kimi-K2.5 and DeepSeek-V3 int4 M=1 triton cases with --counters,
+#                    gated against the scratch baselines when counters-promote ran, else the committed ones: the
+#                    instruction counters must fail, the time must not (plant-narrow.json, plant-narrow.tgz)
 #
 #   ci/gate_h200.sh STEP...     e.g. `install-vllm gemm-aa decode-gate`
 #
@@ -34,18 +45,22 @@ mkdir -p "$out" "$scratch"
 
 for s in "$@"; do  # every step named is known before any runs: a typo costs no device time
   case "$s" in
-    install-vllm|gemm-aa|decode-gate|plant-marlin|plant-attention) ;;
+    install-vllm|gemm-aa|decode-gate|plant-marlin|plant-attention|counters-aa|counters-promote|plant-narrow) ;;
     *) echo "ci/gate_h200.sh: error: unknown step '$s' (see the header)" >&2; exit 2 ;;
   esac
 done
 
-pack() {  # pack STEP: the step's log, and its pass folders (ci/lent.sh steps) as STEP.tgz, into $out
+pack() {  # pack STEP: the step's log, and its pass folders (ci/lent.sh steps, counters) as STEP.tgz, into $out
   local step=$1 parts=()
   cp -p "$scratch/$step.log" "$out/.$step.log" 2>/dev/null && mv "$out/.$step.log" "$out/$step.log"
-  for d in "$scratch"/decode-record "$scratch"/decode-gate; do [ -e "$d" ] && parts+=("${d#"$scratch"/}"); done
+  for d in "$scratch"/decode-record "$scratch"/decode-gate "$scratch"/counters "$scratch"/ncu-planted; do
+    [ -e "$d" ] && parts+=("${d#"$scratch"/}")
+  done
   [ ${#parts[@]} -gt 0 ] || return 0
   tar -C "$scratch" -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
-  rm -rf "$scratch"/decode-record "$scratch"/decode-gate
+  rm -rf "$scratch"/decode-record "$scratch"/decode-gate "$scratch"/ncu-planted
+  [ "$step" = counters-aa ] && rm -rf "$scratch"/counters-done && mv "$scratch"/counters "$scratch"/counters-done  # counters-promote reads it
+  return 0
 }
 
 # the suite's own environment on this machine, as ci/lent.sh sets it (src, the staged vLLM, NVLink
@@ -65,6 +80,30 @@ in_suite() {
 
 decode_lent() { ci/lent.sh decode --scratch "$scratch" --out "$scratch/lent-out" --pass gate "$@"; }
 
+export MOEBENCH_NCU=${MOEBENCH_NCU:-/usr/local/cuda/bin/ncu}
+counters_aa() {  # the counted runs, into $scratch/counters (run-<i>.json; ncu's tables kept in ncu/)
+  local k=()
+  [ -n "${MOEBENCH_COUNTERS_K:-}" ] && k=(-k "$MOEBENCH_COUNTERS_K")
+  mkdir -p "$scratch/counters/ncu"
+  MOEBENCH_NCU_KEEP="$scratch/counters/ncu" in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
+    --budget-s "${MOEBENCH_AA_BUDGET_S:-1500}" --out "$scratch/counters" -- benchmarks/ \
+    -m "${MOEBENCH_COUNTERS_M:-gemm and not full and (triton or vllm_marlin)}" "${k[@]}" --counters
+}
+counters_promote() {  # counters-aa's runs as the entries of a scratch copy of the committed baselines
+  local runs=("$scratch"/counters-done/run-*.json)
+  [ -e "${runs[0]}" ] || { echo "counters-promote: no run-*.json in $scratch/counters-done (run counters-aa first)"; return 2; }
+  rm -rf "$scratch/baselines" && cp -r baselines "$scratch/baselines" &&
+    in_suite python3 -m moebench baselines promote "${runs[@]}" --all --baseline-dir "$scratch/baselines"
+}
+plant_narrow() {  # the plant, gated against the scratch entries when counters-promote made them
+  local dir=baselines
+  [ -d "$scratch/baselines" ] && dir="$scratch/baselines"
+  mkdir -p "$scratch/ncu-planted"
+  PLANTED=1 MOEBENCH_PLANT_NARROW_LOADS=1 MOEBENCH_NCU_KEEP="$scratch/ncu-planted" in_suite python3 -m pytest \
+    benchmarks/test_gemm.py -m "gemm and triton" -k "int4 and m1- and (kimi or deepseek)" --counters \
+    --baseline-dir "$dir" -rA --results-json "$out/plant-narrow.json"
+}
+
 for s in "$@"; do
   case "$s" in
     install-vllm) install vllm-0.21.0 /tmp/site 300 || { [ "$first_rc" -eq 0 ] && first_rc=1; } ;;
@@ -78,6 +117,9 @@ for s in "$@"; do
     plant-attention) PYTHONPATH="$PWD/ci/planted${PYTHONPATH:+:$PYTHONPATH}" \
         MOEBENCH_PLANT_ATTENTION=${MOEBENCH_PLANT_ATTENTION:-0.07} \
         step plant-attention decode_lent -- -k "kimi and int4 and not server and moe_auto" ;;
+    counters-aa) step counters-aa counters_aa ;;
+    counters-promote) step counters-promote counters_promote ;;
+    plant-narrow) step plant-narrow plant_narrow ;;
   esac
 done
 finish
