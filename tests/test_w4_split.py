@@ -19,6 +19,7 @@ pytest.importorskip("triton")
 
 from moebench.core.files import temporary_files  # noqa: E402
 from moebench.gemm.backends import BACKENDS  # noqa: E402
+from moebench.gemm.backends.base import Built  # noqa: E402
 from moebench.gemm.cases import GemmCase, is_default  # noqa: E402
 from moebench.gemm.triton_moe import w4_mma, w4_split  # noqa: E402
 from moebench.gemm.triton_moe import w4_split_report as rep  # noqa: E402
@@ -196,6 +197,17 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
 
 # --- the split launches are the backend's launches ------------------------------------------------------
 
+def test_up_alone_must_reproduce_the_kept_activations_bit_for_bit():
+    kept = [torch.ones(8, 32, dtype=torch.bfloat16) for _ in range(3)]
+    wl = type("Wl", (), {"R": 3, "device": "cpu"})()
+    same = Built([lambda r=r: kept[r].clone() for r in range(3)])
+    w4_split.check_up_alone(same, kept, wl, "k")
+    off = kept[2].clone()
+    off[0, 0] = off[0, 0] + 2 ** -7  # one value one bf16 step (2^-7 at 1.0) away: a 1% tolerance would pass it
+    with pytest.raises(AssertionError, match=r"^k: rotation 2: up alone differs from the kept activations in 1 of 256"):
+        w4_split.check_up_alone(Built([lambda: kept[0], lambda: kept[1], lambda: off]), kept, wl, "k")
+
+
 class _Recorder:
     """Stands in for the Triton kernel: records each launch (grid, the weights' and routing's storage, every
     scalar and compile-time argument) and runs nothing."""
@@ -213,9 +225,14 @@ class _Recorder:
 
 
 def test_up_alone_and_down_alone_launch_what_the_backend_launches(monkeypatch):
+    # a table entry with different up and down tiles (the tiny shape's heuristic gives both the same), so a
+    # split that ran either launch at the other's tiles would show
+    table = {"up": {"block_n": 16, "block_k": 32, "num_warps": 2}, "down": {"block_n": 32, "block_k": 32, "num_warps": 4}}
+    monkeypatch.setattr(w4_mma, "table_entry", lambda key: table if key == "w4mma|1024|128|32|4|4" else None)
     case = GemmCase("tiny", 8, "fused", 3, "int4-g32", "decode", "triton")
     wl = Workload(GemmCase("tiny", 8, "fused", 3, "int4-g32", "decode", "-"), "cpu", 2)
     bench = BACKENDS["triton"].build(case, wl)
+    assert bench.info["config"]["up"]["num_warps"] == 2 and bench.info["config"]["down"]["block_n"] == 32
     rec = _Recorder()
     monkeypatch.setattr(w4_mma, "moebench_w4_mma", rec)
     tiles, builds, activations = w4_split.split_builds(wl)
@@ -252,6 +269,7 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
                 "down_floor_us", "verdict"):
         assert key in c, key
     assert c["tiles"]["pdl"] is False  # PDL is a GPU launch option
+    assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
     for step in ("building", "checking", "timing bench", "timing up alone", "timing down alone", "timing both"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only

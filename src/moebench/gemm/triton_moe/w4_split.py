@@ -167,7 +167,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
                            f"would time another kernel")
     entry.update(K=wl.K, I=wl.I, E=wl.E, topk=wl.topk, rotations=wl.R, experts_touched=wl.mean_experts_touched(),
-                 tiles=tiles)
+                 tiles=tiles, bench=bench.info)
     log(f"{case.model} M={case.m}: checking (bench, both, down alone against the float32 reference; up alone)")
     entry["rel_error"] = {
         "bench": runner.check(bench, wl, backend.error_bounds.get(case.dtype), key=case.key)["rel_error"],
