@@ -31,6 +31,11 @@ def _scale_bytes(dtype: str, n: int, k: int) -> float:
     return 0.0
 
 
+def matrix_bytes(dtype: str, n: int, k: int) -> float:
+    """Bytes of one expert's [n, k] weight in `dtype` with its scales: what a kernel must read of it."""
+    return n * k * _BYTES_PER_WEIGHT[dtype] + _scale_bytes(dtype, n, k)
+
+
 @dataclass
 class ExpertWeights:
     """w1 [E, 2I, K] (gate rows then up rows) and w2 [E, K, I] in bf16, plus quantized forms on demand."""
@@ -155,7 +160,7 @@ class Workload:
         """Bytes of weights (and scales) one expert contributes to this op."""
         d, K, I = self.case.dtype, self.K, self.I
         mats = {"expert": [(I, K)], "gemm1": [(2 * I, K)], "gemm2": [(K, I)], "fused": [(2 * I, K), (K, I)]}[self.case.op]
-        return sum(n * k * _BYTES_PER_WEIGHT[d] + _scale_bytes(d, n, k) for n, k in mats)
+        return sum(matrix_bytes(d, n, k) for n, k in mats)
 
     def bytes_per_call(self) -> float:
         """Minimum bytes a call must move: distinct experts' weights (mean over rotations) plus

@@ -30,19 +30,26 @@ def _triton_weight(wl, which: str):
     return cache[key]
 
 
-def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
-    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (triton_moe/w4_kernels.py: "mma",
-    the default, or "rows4"), weights repacked once. config: (up, down) KernelConfigs (default: that
-    kernel's table, which w4_tune.py writes)."""
+def w4_operands(wl, config=None, kernel: str | None = None):
+    """(kernel, w1, w2, (up, down)) for one of our int4 decode kernels (triton_moe/w4_kernels.py: "mma",
+    the default, or "rows4") on the workload: its weights packed for that kernel once (cached on the model's
+    weights) and the tiles its calls run at (config, default that kernel's table, which w4_tune.py writes).
+    build_w4 and the leave-one-out split (triton_moe/w4_split.py) both take them from here."""
     from moebench.gemm.triton_moe import w4_kernels
 
     k = w4_kernels.get(kernel)
-    key = ("triton-w4", k.name, case.dtype)
+    key = ("triton-w4", k.name, wl.case.dtype)
     cache = wl.weights.quantized
     if key not in cache:
         cache[key] = tuple(k.pack(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
     w1, w2 = cache[key]
-    up, down = config or k.config(wl.M, wl.K, wl.I, wl.E, wl.topk)
+    return k, w1, w2, tuple(config or k.config(wl.M, wl.K, wl.I, wl.E, wl.topk))
+
+
+def build_w4(case: GemmCase, wl, config=None, kernel: str | None = None) -> Built:
+    """int4 g32 fused MoE at decode M on one of our int4 decode kernels (w4_operands: the kernel, its packed
+    weights and tiles). config: (up, down) KernelConfigs (default: that kernel's table)."""
+    k, w1, w2, (up, down) = w4_operands(wl, config, kernel)
     calls = [lambda x=x, ids=ids, w=w: k.fused_moe(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
     cfg = {"path": f"w4_{k.name}", "up": up.__dict__, "down": down.__dict__}

@@ -6,6 +6,8 @@
     tiles16_from_compressed_tensors(packed, scale) from vLLM's compressed-tensors tensors as loaded for
                                                   Marlin: int32 [E, K/8, N], scales [E, K/32, N]
     fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=None) -> [M, K]
+    plan_call(...) -> MmaCall; up_launch(call) -> h; down_launch(call, h) -> [M, K]
+                                                  its two launches one at a time (w4_split.py times them)
 
 The layout: words int32 [E, N/16, K/32, 32, 2]. Entry [e, T, grp, lane, t] belongs to lane (g, c) =
 (lane // 4, lane % 4) of row tile T (rows 16 T .. 16 T + 15) and group grp; its nibble j (bits 4j) holds
@@ -149,14 +151,35 @@ def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weig
         num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
 
 
-def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
-                     topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
-                     pdl: bool | None = None) -> torch.Tensor:
-    """fused_moe (api.py) semantics for int4 experts in the 16-row tile layout: x [M, K] bf16,
-    w1 [E, 2I, K], w2 [E, K, I]. Two launches (up + silu, then down + top-k sum), one (token, slot)
-    pair per up program: for decode M. config: (up, down) KernelConfigs, default mma_config. pdl:
-    programmatic dependent launch of the down kernel (default: on Hopper or newer). CUDA-graph capturable.
-    """
+@dataclass(frozen=True)
+class MmaCall:
+    """One fused MoE call resolved for its two launches: the operands as the kernels take them and the
+    tiles and PDL choice both launches share. fused_moe_w4_mma runs up_launch then down_launch on it;
+    w4_split.py times them apart, so what it times is this call's launches and nothing else."""
+
+    x: torch.Tensor       # bf16 [M, K]
+    w1: W4Tiles           # [E, 2I, K]
+    w2: W4Tiles           # [E, K, I]
+    ids: torch.Tensor     # int32 [M * topk]
+    tw: torch.Tensor      # float32 [M * topk]
+    topk: int
+    up: KernelConfig
+    down: KernelConfig
+    pdl: bool
+
+    @property
+    def M(self) -> int:
+        return self.x.shape[0]
+
+    @property
+    def I(self) -> int:
+        return self.w1.N // 2
+
+
+def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
+              config: tuple[KernelConfig, KernelConfig] | None = None, pdl: bool | None = None) -> MmaCall:
+    """Check the operands and resolve the tiles (default mma_config) and PDL (default: on Hopper or newer)
+    of one call; ValueError for a shape or dtype the kernels do not take."""
     if x.dtype != torch.bfloat16:
         raise ValueError(f"fused_moe_w4_mma takes bf16 activations, got {x.dtype}")
     M, K = x.shape
@@ -169,11 +192,34 @@ def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: to
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0)
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    P = M * topk
-    h = torch.empty((P, I), dtype=x.dtype, device=x.device)
-    out = torch.empty((M, K), dtype=x.dtype, device=x.device)
-    _launch(x, w1, ids, tw, h, rows=P, N=I, up_rows=I, slots=1, a_div=topk, weighted=False, kc=up,
-            pdl_trigger=pdl)
-    _launch(h, w2, ids, tw, out, rows=M, N=K, up_rows=0, slots=topk, a_div=1, weighted=True, kc=down,
-            pdl_wait=pdl)
+    return MmaCall(x, w1, w2, ids, tw, topk, up, down, pdl)
+
+
+def up_launch(c: MmaCall) -> torch.Tensor:
+    """The up launch (gate and up GEMMs, silu(gate) * up), one (token, slot) pair per program row: the
+    activations h [M * topk, I]. With PDL it lets the down launch start early (gdc_launch_dependents)."""
+    h = torch.empty((c.M * c.topk, c.I), dtype=c.x.dtype, device=c.x.device)
+    _launch(c.x, c.w1, c.ids, c.tw, h, rows=c.M * c.topk, N=c.I, up_rows=c.I, slots=1, a_div=c.topk,
+            weighted=False, kc=c.up, pdl_trigger=c.pdl)
+    return h
+
+
+def down_launch(c: MmaCall, h: torch.Tensor) -> torch.Tensor:
+    """The down launch on activations h [M * topk, I] (up_launch's), weighted by the top-k weights and
+    summed over the slots: out [M, K]. With PDL it streams its weights before waiting for h's writer."""
+    out = torch.empty((c.M, c.w2.N), dtype=c.x.dtype, device=c.x.device)
+    _launch(h, c.w2, c.ids, c.tw, out, rows=c.M, N=c.w2.N, up_rows=0, slots=c.topk, a_div=1, weighted=True,
+            kc=c.down, pdl_wait=c.pdl)
     return out
+
+
+def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
+                     topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
+                     pdl: bool | None = None) -> torch.Tensor:
+    """fused_moe (api.py) semantics for int4 experts in the 16-row tile layout: x [M, K] bf16,
+    w1 [E, 2I, K], w2 [E, K, I]. Two launches (up + silu, then down + top-k sum), one (token, slot)
+    pair per up program: for decode M. config: (up, down) KernelConfigs, default mma_config. pdl:
+    programmatic dependent launch of the down kernel (default: on Hopper or newer). CUDA-graph capturable.
+    """
+    c = plan_call(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl)
+    return down_launch(c, up_launch(c))

@@ -1,0 +1,257 @@
+"""Leave one kernel out: how much of the tensor-core int4 decode kernel's graph time is its up launch's and how
+much its down launch's (issue 32; docs/triton-moe-notes.md, "The next device calls").
+
+    python -m moebench.gemm.triton_moe.w4_split --out split.json [--models kimi-k2.5,deepseek-v3]
+                                                [--ms 1,2,4,8,16] [--replays N]
+    python -m moebench.gemm.triton_moe.w4_split --smoke --out smoke.json   # CPU interpreter, tiny shapes
+
+A case is the gemm family's GemmCase(model, 8, "fused", M, "int4-g32", "decode", "triton") on its Workload
+(the suite's weights, its 16 rotated routings and inputs, its float32 reference). Four things are timed over
+those rotations, each by gemm.runner.measure (the benchmark's graph timer and L2 rule):
+
+    bench  the `triton` backend's calls, built as benchmarks/test_gemm.py builds them: its graph_us
+    both   up then down through w4_mma.up_launch / down_launch, the two launches fused_moe_w4_mma makes
+    up     up alone (gate and up GEMMs, SiLU * up) on rotation r's input
+    down   down alone on rotation r's activations, kept from a real up run before anything is timed
+
+Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
+alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
+activations bit for bit. A case that fails a check is recorded with the reason and not timed.
+The report (w4_split_report.py): the four times, overlap = up + down - both, down's share = both - up, each
+launch's bytes and their time at the read ceiling measured in this run (moebench.core.bandwidth, as the
+suite measures it), and at M = 1 issue 32's rule. The JSON is rewritten (atomically) after every case.
+
+Exit status: 0 every case measured and both agreeing with bench; 3 measured, but both and bench disagree
+somewhere (the split would not time the benchmark's work; not judged with --smoke); 1 a case wrong or
+failed; 2 a bad option or no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+
+from moebench.core.files import atomic_write_text
+from moebench.core.provenance import git_commit
+from moebench.gemm import runner
+from moebench.gemm.backends import BACKENDS
+from moebench.gemm.backends.base import Built
+from moebench.gemm.backends.triton_backend import w4_operands
+from moebench.gemm.cases import ROTATIONS, GemmCase
+from moebench.gemm.presets import PRESETS
+from moebench.gemm.triton_moe import w4_mma
+from moebench.gemm.triton_moe.config import GEMV_MAX_M
+from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
+from moebench.gemm.triton_moe.w4_split_report import Timed, case_line, kernel_bytes, summarize, verdict
+from moebench.gemm.workload import Workload
+
+PROG = "w4_split"
+MODELS = ("kimi-k2.5", "deepseek-v3")
+MS = (1, 2, 4, 8, 16)
+TP = 8
+DTYPE = "int4-g32"
+LABELS = {"bench": "bench (the backend's calls)", "up": "up alone", "down": "down alone", "both": "both (up then down)"}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line (no usage block), exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def select_cases(models: str | None, ms: str | None, smoke: bool = False) -> list[GemmCase]:
+    """The cases to split: models x M (comma-separated; default MODELS x MS), each the suite's int4-g32 fused
+    decode case on the `triton` backend at TP 8; with smoke, the sweep's tiny preset at M = 1 alone. ValueError
+    with a one-line reason for an unknown model, an M that is not an integer or not on the tensor-core decode
+    path (1..GEMV_MAX_M), or --models / --ms given with smoke."""
+    if smoke:
+        if models is not None or ms is not None:
+            raise ValueError("--smoke runs the tiny preset at M = 1; --models and --ms do not apply")
+        return [GemmCase(SMOKE["model"], SMOKE["tp"], "fused", 1, DTYPE, "decode", "triton")]
+    names = _items(models, MODELS, "--models")
+    unknown = [n for n in names if n not in PRESETS]
+    if unknown:
+        raise ValueError(f"--models: unknown model {unknown[0]!r} (known: {', '.join(PRESETS)})")
+    items = _items(ms, MS, "--ms")
+    try:
+        values = list(dict.fromkeys(int(v) for v in items))
+    except ValueError:
+        raise ValueError(f"--ms: {ms!r} is not a comma-separated list of integers") from None
+    off = [m for m in values if not 1 <= m <= GEMV_MAX_M]
+    if off:
+        raise ValueError(f"--ms: M = {off[0]} is not on the tensor-core int4 decode path (M 1..{GEMV_MAX_M}; "
+                         f"larger M runs the grouped path)")
+    return [GemmCase(n, TP, "fused", m, DTYPE, "decode", "triton") for n in names for m in values]
+
+
+def _items(value: str | None, default: tuple, flag: str) -> list:
+    """A comma-separated option's items in order, duplicates dropped; the default when not given."""
+    if value is None:
+        return list(default)
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    if not items:
+        raise ValueError(f"{flag}: empty")
+    return list(dict.fromkeys(items))
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[GemmCase]]:
+    """The options and the cases they select; a bad option exits 2 with a one-line error."""
+    ap = _Parser(prog=PROG, description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="the JSON report (rewritten atomically after every case)")
+    ap.add_argument("--models", default=None, help=f"comma-separated presets (default {','.join(MODELS)})")
+    ap.add_argument("--ms", default=None, help=f"comma-separated M, 1..{GEMV_MAX_M} (default {','.join(map(str, MS))})")
+    ap.add_argument("--replays", type=int, default=None, help="timed graph replays (default: the suite's rule)")
+    ap.add_argument("--smoke", action="store_true", help="the tiny preset on CPU through the Triton interpreter")
+    args = ap.parse_args(argv)
+    if args.replays is not None and args.replays < 1:
+        ap.error(f"--replays must be >= 1, got {args.replays}")
+    try:
+        return args, select_cases(args.models, args.ms, args.smoke)
+    except ValueError as e:
+        ap.error(str(e))
+
+
+def write_report(path: str | Path, doc: dict) -> None:
+    """The report as JSON, atomically: a reader or a killed run sees the previous version or this one."""
+    atomic_write_text(Path(path), json.dumps(doc, indent=1) + "\n")
+
+
+def split_builds(wl) -> tuple[dict, dict[str, Built], list]:
+    """(tiles, {"both", "up", "down"}, activations) over the workload's rotations, on the weights and tiles the
+    `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations are those of
+    one real up run per rotation, made here: down alone reads them."""
+    _, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
+    calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
+             for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+    hs = [w4_mma.up_launch(c) for c in calls]
+    if wl.device != "cpu":
+        torch.cuda.synchronize()
+    builds = {
+        "both": Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in calls]),
+        "up": Built([lambda c=c: w4_mma.up_launch(c) for c in calls]),
+        "down": Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(calls, hs)]),
+    }
+    tiles = {"up": up.__dict__, "down": down.__dict__, "pdl": calls[0].pdl}
+    return tiles, builds, hs
+
+
+def check_up_alone(up: Built, activations: list, wl, key: str) -> None:
+    """up alone on rotations 0 and R-1 must give the kept activations bit for bit (the kernel has no atomics
+    and no order-dependent sums); AssertionError naming the rotation otherwise."""
+    for r in sorted({0, wl.R - 1}):
+        got, kept = up.calls[r](), activations[r]
+        if wl.device != "cpu":
+            torch.cuda.synchronize()
+        if not torch.equal(got, kept):
+            raise AssertionError(f"{key}: rotation {r}: up alone differs from the kept activations in "
+                                 f"{int((got != kept).sum())} of {kept.numel()} values")
+
+
+def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log) -> dict:
+    """Check, then time, one case's four variants; the case's entry of the report. AssertionError when an
+    output is wrong (nothing is timed then)."""
+    entry = {"case": case.key, "model": case.model, "tp": case.tp, "M": case.m, "dtype": case.dtype}
+    log(f"{case.model} M={case.m}: building")
+    wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device, rotations)
+    backend = BACKENDS[case.backend]
+    bench = backend.build(case, wl)
+    tiles, builds, activations = split_builds(wl)
+    if bench.info["config"] != {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}:
+        raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
+                           f"would time another kernel")
+    entry.update(K=wl.K, I=wl.I, E=wl.E, topk=wl.topk, rotations=wl.R, experts_touched=wl.mean_experts_touched(),
+                 tiles=tiles, bench=bench.info)
+    log(f"{case.model} M={case.m}: checking (bench, both, down alone against the float32 reference; up alone)")
+    entry["rel_error"] = {
+        "bench": runner.check(bench, wl, backend.error_bounds.get(case.dtype), key=case.key)["rel_error"],
+        "both": runner.check(builds["both"], wl, key=f"{case.key} up+down")["rel_error"],
+        "down": runner.check(builds["down"], wl, key=f"{case.key} down alone")["rel_error"],
+    }
+    check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
+    times = {}
+    # bench first and both last: a drift of the device during the case shows as their disagreement
+    for name, built in (("bench", bench), ("up", builds["up"]), ("down", builds["down"]), ("both", builds["both"])):
+        log(f"{case.model} M={case.m}: timing {LABELS[name]}")
+        metrics, info = runner.measure(built, wl, ceiling=ceiling, l2_bytes=l2, rule=rule, eager=False)
+        t = metrics["wall_us" if device == "cpu" else "graph_us"]
+        times[name] = Timed(t.value, t.noise)
+        entry.setdefault("l2", info["l2"])
+    up_bytes, down_bytes = kernel_bytes(wl.mean_experts_touched(), wl.M, wl.K, wl.I, wl.topk, case.dtype)
+    entry.update(summarize(times, up_bytes, down_bytes, ceiling))
+    # the rule reads graph times; the interpreter's wall times would only make a confusing line
+    entry["verdict"] = verdict(case.m, entry["down_share_us"]) if device == "cuda" else None
+    log(case_line(case.model, case.m, entry, ceiling))
+    if entry["verdict"]:
+        log(f"  M = 1 rule: {entry['verdict']}")
+    return entry
+
+
+def _cuda_unusable() -> bool:
+    try:
+        torch.cuda.synchronize()
+        return False
+    except Exception:
+        return True
+
+
+def exit_status(entries: list[dict], aborted: bool, judge_agreement: bool = True) -> int:
+    """1 if a case failed or the run stopped early, else 3 if a case's both and bench disagree (judged on a
+    GPU only: the interpreter's wall times mean nothing), else 0."""
+    if aborted or any("error" in e for e in entries):
+        return 1
+    return 3 if judge_agreement and any(not e["agree"] for e in entries) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, cases = parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        print(f"{PROG}: error: no CUDA GPU (run with --smoke for the CPU interpreter check)", file=sys.stderr)
+        return 2
+    if args.smoke:
+        reexec_interpreted(__spec__.name)
+    t0 = time.perf_counter()
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+    device, ceiling, rule = setup(args.smoke, args.replays)
+    rotations = 1 if args.smoke else ROTATIONS  # the suite's; one in the interpreter, whose times mean nothing
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size if device == "cuda" else None
+    doc = {"what": "w4_split: leave-one-out graph times of the tensor-core int4 decode kernel (issue 32)",
+           "argv": sys.argv[1:] if argv is None else list(argv), "commit": git_commit(),
+           "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
+           "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
+           "rotations": rotations, "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
+           "done": False, "cases": []}
+    log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
+    write_report(args.out, doc)
+    aborted = False
+    for case in cases:
+        try:
+            entry = measure_case(case, device, ceiling, l2, rule, rotations, log)
+        except Exception as exc:  # one failing case is a finding; the others still run
+            entry = {"case": case.key, "model": case.model, "M": case.m,
+                     "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+            log(f"{case.model} M={case.m}: {entry['error']}")
+            aborted = device == "cuda" and _cuda_unusable()
+        doc["cases"].append(entry)
+        write_report(args.out, doc)
+        if aborted:
+            log("the CUDA context is unusable after that error: stopping")
+            break
+    doc["done"] = not aborted
+    write_report(args.out, doc)
+    status = exit_status(doc["cases"], aborted, judge_agreement=device == "cuda")
+    log(f"wrote {args.out} (exit {status})")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

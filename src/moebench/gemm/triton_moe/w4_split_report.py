@@ -1,0 +1,115 @@
+"""What the leave-one-out times of the tensor-core int4 decode kernel (w4_split.py) say: plain arithmetic on
+measured times, no GPU and no torch, so every number in the report can be checked from fake timings.
+
+    kernel_bytes(experts, M, K, I, topk, dtype) -> (up bytes, down bytes)
+    summarize(times, up_bytes, down_bytes, ceiling) -> dict    the report's numbers for one case
+    verdict(M, down_share_us) -> str | None                    issue 32's rule for what to change (M = 1)
+    case_line(model, M, summary, ceiling) -> str               one printed line per case
+
+The four times (us per call, each with the relative noise of its samples) are named as w4_split.py times them:
+bench (the `triton` backend's calls, the benchmark's graph_us), both (up then down through w4_mma's split
+launches), up (up alone) and down (down alone, on activations kept from a real up run).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from moebench.gemm.workload import matrix_bytes
+
+VARIANTS = ("bench", "both", "up", "down")
+# issue 32's rule (docs/triton-moe-notes.md, "What Nsight Compute read at M = 1"), written for M = 1's 14.0 us
+# graph: down's share of the graph over FUSE_OVER_US -> load down's weights in up's launch; under
+# UP_GAP_UNDER_US -> the gap is up's (ramp, K reduction), split-K across experts in up.
+RULE_M = 1
+FUSE_OVER_US = 5.0
+UP_GAP_UNDER_US = 3.0
+# Two graph timings of the same work agree when they differ by at most twice the sum of their sample spreads
+# (each a robust relative spread, metrics.relative_spread), and never by less than 1%: the suite's GPU
+# stopping rule aims at 1% noise (runner.GPU_RULE), so a tighter band would flag a quiet run's luck.
+AGREE_MIN = 0.01
+
+
+class Timed(NamedTuple):
+    """One variant's per-call time (us) and the relative spread of its samples."""
+
+    us: float
+    noise: float
+
+
+def kernel_bytes(experts: float, M: int, K: int, I: int, topk: int, dtype: str = "int4-g32") -> tuple[float, float]:
+    """(up, down) bytes each launch must move: its weights for the distinct experts (mean over the rotations,
+    as Workload.bytes_per_call counts them) plus its activations. up reads w1 [2I, K] per expert and x [M, K],
+    and writes h [M topk, I]; down reads w2 [K, I] per expert and h, and writes out [M, K] (bf16 activations).
+    Their sum is the case's bytes plus h written and read back (2 M topk I bf16: 8 KB at M = 1)."""
+    h = M * topk * I * 2
+    up = experts * matrix_bytes(dtype, 2 * I, K) + M * K * 2 + h
+    down = experts * matrix_bytes(dtype, K, I) + h + M * K * 2
+    return up, down
+
+
+def agree_tol(a: Timed, b: Timed) -> float:
+    """The relative difference up to which two timings of the same work count as equal (see AGREE_MIN)."""
+    return max(AGREE_MIN, 2 * (a.noise + b.noise))
+
+
+def summarize(times: dict[str, Timed], up_bytes: float, down_bytes: float, ceiling: float) -> dict:
+    """The report's numbers for one case from its four timings (VARIANTS) and its kernels' bytes, floors at
+    `ceiling` (bytes/s; the run's read ceiling):
+
+    overlap_us     up + down - both: what running the two together saves over running each alone (PDL's
+                   early start of down's weight loads, and the launch gap between them)
+    down_share_us  both - up: what down adds to the graph beyond up alone (issue 32's "down's own share")
+    up_share_us    both - down: the same for up
+    *_floor_us     a kernel's bytes at the ceiling; *_pct_of_floor = floor / its time alone
+    both_vs_bench  (both - bench) / bench; agree: within agree_tol, i.e. the split launches time the
+                   benchmark's work
+    """
+    missing = [v for v in VARIANTS if v not in times]
+    if missing:
+        raise ValueError(f"summarize needs the times of {', '.join(VARIANTS)}; missing {', '.join(missing)}")
+    if not ceiling > 0:
+        raise ValueError(f"the read ceiling must be positive bytes/s, got {ceiling!r}")
+    bench, both, up, down = (times[v] for v in VARIANTS)
+    up_floor, down_floor = up_bytes / ceiling * 1e6, down_bytes / ceiling * 1e6
+    rel = (both.us - bench.us) / bench.us
+    out = {f"{v}_us": times[v].us for v in VARIANTS}
+    out.update({f"{v}_noise": times[v].noise for v in VARIANTS})
+    out.update({
+        "both_vs_bench": rel,
+        "agree": abs(rel) <= agree_tol(both, bench),
+        "overlap_us": up.us + down.us - both.us,
+        "down_share_us": both.us - up.us,
+        "up_share_us": both.us - down.us,
+        "up_bytes": up_bytes,
+        "down_bytes": down_bytes,
+        "up_floor_us": up_floor,
+        "down_floor_us": down_floor,
+        "up_pct_of_floor": 100.0 * up_floor / up.us,
+        "down_pct_of_floor": 100.0 * down_floor / down.us,
+    })
+    return out
+
+
+def verdict(M: int, down_share_us: float) -> str | None:
+    """Issue 32's rule at M = 1 (None at other M: its thresholds were written for M = 1's 14.0 us graph)."""
+    if M != RULE_M:
+        return None
+    if down_share_us > FUSE_OVER_US:
+        return (f"down's share {down_share_us:.2f} us > {FUSE_OVER_US:g}: load down's weights in up's launch "
+                f"(one fused launch)")
+    if down_share_us < UP_GAP_UNDER_US:
+        return (f"down's share {down_share_us:.2f} us < {UP_GAP_UNDER_US:g}: the gap is up's (ramp, K "
+                f"reduction): split-K across experts in up")
+    return (f"down's share {down_share_us:.2f} us is between {UP_GAP_UNDER_US:g} and {FUSE_OVER_US:g}: "
+            f"neither change is decided by this rule")
+
+
+def case_line(model: str, M: int, s: dict, ceiling: float) -> str:
+    """One line of a case's numbers, as printed while the run goes on."""
+    agree = "agree" if s["agree"] else "DISAGREE"
+    return (f"{model} M={M}: bench {s['bench_us']:.2f} us, both {s['both_us']:.2f} ({100 * s['both_vs_bench']:+.1f}%, "
+            f"{agree}), up alone {s['up_us']:.2f}, down alone {s['down_us']:.2f}; overlap {s['overlap_us']:.2f}, "
+            f"down's share {s['down_share_us']:.2f}; at {ceiling / 1e9:.0f} GB/s up {s['up_bytes'] / 1e6:.2f} MB = "
+            f"{s['up_floor_us']:.2f} us ({s['up_pct_of_floor']:.0f}% of its time), down {s['down_bytes'] / 1e6:.2f} MB "
+            f"= {s['down_floor_us']:.2f} us ({s['down_pct_of_floor']:.0f}%)")
