@@ -100,7 +100,8 @@ def test_summary_from_fake_timings():
     assert s["down_share_us"] == pytest.approx(14.07 - 9.6)        # what down adds beyond up alone
     assert s["up_share_us"] == pytest.approx(14.07 - 6.0)
     assert s["up_floor_us"] == pytest.approx(4.0) and s["down_floor_us"] == pytest.approx(2.0)
-    assert s["up_pct_of_floor"] == pytest.approx(100 * 4.0 / 9.6) and s["down_pct_of_floor"] == pytest.approx(100 * 2.0 / 6.0)
+    assert s["up_pct_of_floor"] == pytest.approx(100 * 4.0 / 9.6)
+    assert s["down_pct_of_floor"] == pytest.approx(100 * 2.0 / 6.0)
     assert s["both_vs_bench"] == pytest.approx(0.005) and s["agree"] is True
     assert (s["bench_us"], s["both_us"], s["up_us"], s["down_us"]) == (14.0, 14.07, 9.6, 6.0)
     assert s["down_noise"] == 0.004 and s["up_bytes"] == 16.8e6
@@ -227,7 +228,8 @@ class _Recorder:
 def test_up_alone_and_down_alone_launch_what_the_backend_launches(monkeypatch):
     # a table entry with different up and down tiles (the tiny shape's heuristic gives both the same), so a
     # split that ran either launch at the other's tiles would show
-    table = {"up": {"block_n": 16, "block_k": 32, "num_warps": 2}, "down": {"block_n": 32, "block_k": 32, "num_warps": 4}}
+    table = {"up": {"block_n": 16, "block_k": 32, "num_warps": 2},
+             "down": {"block_n": 32, "block_k": 32, "num_warps": 4}}
     monkeypatch.setattr(w4_mma, "table_entry", lambda key: table if key == "w4mma|1024|128|32|4|4" else None)
     case = GemmCase("tiny", 8, "fused", 3, "int4-g32", "decode", "triton")
     wl = Workload(GemmCase("tiny", 8, "fused", 3, "int4-g32", "decode", "-"), "cpu", 2)
