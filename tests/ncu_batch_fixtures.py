@@ -2,8 +2,9 @@
 
 The real fixture (tests/data/ncu/h200-kimi-k2.5-m1-int4-triton.csv: ncu 2025.3.1.0 on an H200, session 16)
 is one case's window: 16 calls of the int4 kernel's up (even rows) and down (odd rows) launches. A chunk's
-output is that format with several windows, each after its boundary marker launch. No device has printed a
-marker row yet, so the marker rows here are written from the real format until a device run replaces them:
+output is that format with several windows, each after its boundary marker launch. The marker rows here are
+written from the real format (a real chunk printed by ncu on an H200 in session 17,
+h200-chunk-kimi-deepseek-m1-int4-triton.csv, holds them to its own in test_ncu_windows.py):
 a copy of a real row (the down launch: block (128, 1, 1), as a default Triton launch reads) with only the
 Kernel Name, the ID and the grid changed (the Grid Size column and, where the file has them, the
 launch__grid_dim_x/y/z and launch__grid_size columns); its counters stay the copied launch's, so a marker

@@ -1,8 +1,8 @@
 """One ncu output holding several cases' windows, split at the boundary markers (core.ncu_windows).
 
 The outputs are built from the real H200 fixture's rows (tests/ncu_batch_fixtures.py): same header, columns,
-units and quoting. The marker rows were written from the real format until a device run replaces them: a
-real launch's row with only the Kernel Name, the ID and the grid changed. Three cases cut from the real window:
+units and quoting. The marker rows are written from the real format: a real launch's row with only the Kernel
+Name, the ID and the grid changed; the last two tests read a real chunk and hold the written markers to its. Three cases cut from the real window:
 "both" (up and down, 16 calls), "up" and "down" (16 launches each)."""
 
 from __future__ import annotations
@@ -107,3 +107,32 @@ def test_the_built_output_is_the_real_format():
     at = next(i for i, ln in enumerate(real) if ln.startswith('"ID",'))
     assert built[:at + 2] == real[:at + 2]
     assert built[at + 3:] == [ln.replace(ln.split(",")[0], f'"{i + 1}"', 1) for i, ln in enumerate(real[at + 2:])]
+
+
+# A real chunk (tests/data/ncu/h200-chunk-kimi-deepseek-m1-int4-triton.csv): ncu 2025.3.1.0 on a second H200
+# (GPU-05ab4a4c, session 17), one counter child of four cases, of which the file keeps the preamble, the
+# header, the units row and the windows of positions 0 (Kimi-K2.5 M = 1) and 2 (DeepSeek-V3 M = 1), each after
+# the marker ncu printed for it: what a chunk whose position 1 failed before its window prints.
+REAL_CHUNK = "h200-chunk-kimi-deepseek-m1-int4-triton.csv"
+
+
+def test_a_real_chunk_splits_into_its_cases_and_each_counts_what_another_machine_counted_alone():
+    text = (DATA / REAL_CHUNK).read_text()
+    got = split_at_markers(parse_raw_csv(text, NCU_METRICS, source=REAL_CHUNK), MARKER,
+                           [(0, "kimi"), (2, "deepseek")], source=REAL_CHUNK)
+    assert [len(got["kimi"]), len(got["deepseek"])] == [32, 32]
+    alone = case_total(per_kernel(parse_raw_csv((DATA / REAL).read_text(), NCU_METRICS), 16))
+    for case in ("kimi", "deepseek"):
+        view = per_kernel(got[case], 16)
+        assert [view[k].values["inst_executed"] for k in ("moebench_w4_mma#1", "moebench_w4_mma#2")] == [
+            3_197_184, 1_556_128]  # the SASS is the machine's: the same count on another H200
+        # DRAM bytes: the same weights read once, within the 0.02% the runs of one machine spread
+        assert case_total(view)["dram_read_bytes"] == pytest.approx(alone["dram_read_bytes"], rel=2e-4)
+
+
+def test_the_written_marker_rows_match_the_rows_ncu_printed():
+    real = [x for x in parse_raw_csv((DATA / REAL_CHUNK).read_text(), NCU_METRICS) if x.kernel == MARKER]
+    written = [x for x in launches([(0, W["up"]), (2, W["down"])]) if x.kernel == MARKER]
+    assert [(x.config, x.grid, marker_index(x)) for x in written] == [
+        (x.config, x.grid, marker_index(x)) for x in real] == [
+        ("block (128, 1, 1) grid (1, 1, 1)", (1, 1, 1), 0), ("block (128, 1, 1) grid (3, 1, 1)", (3, 1, 1), 2)]
