@@ -1,5 +1,6 @@
-"""ci/gate_h200.sh: issue 36's lent-H200 job. A misspelt step costs no device time (refused before any step
-runs), a failing step does not stop the next, and the job never exits 0 when one failed."""
+"""ci/gate_h200.sh: the lent-H200 job of issues 36 and 34. A misspelt step costs no device time (refused before
+any step runs), a failing step does not stop the next, the job never exits 0 when one failed, and the counter
+steps gate the plant against the entries their own runs made."""
 
 from __future__ import annotations
 
@@ -48,3 +49,50 @@ def test_a_failing_step_does_not_stop_the_next_and_the_job_fails_with_its_code(t
     assert "CYCLES=700" in plant_log
     assert "gemm-aa: exit 3" in r.stdout and "plant-marlin: exit 0" in r.stdout
     assert "all steps done: exit 3" in r.stdout
+
+
+# stands in for python3 in the counter steps: a counted aa writes one run file into its --out folder
+FAKE_COUNTING_PYTHON = """#!/usr/bin/env bash
+echo "fake python3 $* PYTHONPATH=$PYTHONPATH NARROW=${MOEBENCH_PLANT_NARROW_LOADS:-} NCU=${MOEBENCH_NCU:-}"
+case "$*" in *"moebench aa"*"--counters"*)
+  while [ $# -gt 0 ]; do [ "$1" = --out ] && { echo '{}' >"$2/run-1.json"; }; shift; done ;;
+esac
+exit 0
+"""
+
+
+def counting_job(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "python3"
+    fake.write_text(FAKE_COUNTING_PYTHON)
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", JOB_OUT=str(tmp_path / "out"),
+               MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="")
+    env.pop("MOEBENCH_NCU", None)
+    return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_the_counter_steps_count_promote_into_scratch_and_gate_the_plant_against_it(tmp_path):
+    r = counting_job(tmp_path, "counters-aa", "counters-promote", "plant-narrow")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out, scratch = tmp_path / "out", tmp_path / "scratch"
+    aa = (out / "counters-aa.log").read_text()
+    assert "--counters" in aa and "gemm and not full and (triton or vllm_marlin)" in aa
+    assert "NCU=/usr/local/cuda/bin/ncu" in aa  # the image's ncu when MOEBENCH_NCU names none
+    assert (out / "counters-aa.tgz").exists()  # the runs come back packed
+    promote = (out / "counters-promote.log").read_text()
+    assert f"baselines promote {scratch}/counters-done/run-1.json --all --baseline-dir {scratch}/baselines" in promote
+    assert (scratch / "baselines").is_dir()  # a copy of the committed entries, which the promote then changes
+    plant = (out / "plant-narrow.log").read_text()
+    assert f"PYTHONPATH={REPO}/ci/planted:{REPO}/src" in plant and "NARROW=1" in plant
+    assert f"--baseline-dir {scratch}/baselines" in plant and "--counters" in plant
+    assert "int4 and m1- and (kimi or deepseek)" in plant
+
+
+def test_promoting_without_counted_runs_fails_and_the_plant_gates_against_the_committed_entries(tmp_path):
+    r = counting_job(tmp_path, "counters-promote", "plant-narrow")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "no run-*.json" in (tmp_path / "out" / "counters-promote.log").read_text()
+    assert "--baseline-dir baselines " in (tmp_path / "out" / "plant-narrow.log").read_text()
