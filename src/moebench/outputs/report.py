@@ -16,9 +16,9 @@ import os
 import textwrap
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
-from moebench.baselines.compare import NOISE_FACTOR, UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, display_rank
+from moebench.baselines.compare import NOISE_FACTOR, UNKNOWN_MACHINE_SPREAD, Comparison, Outcome, Verdict, display_rank
 from moebench.baselines.rules import GateRule
 from moebench.core.kinds import kind_of
 from moebench.history.changes import RECENT, ChangePoint
@@ -83,6 +83,19 @@ def machine_phrase(c: Comparison) -> str:
     assumed = c.assumed_spread if c.assumed_spread is not None else UNKNOWN_MACHINE_SPREAD
     return (f"baseline from another machine of this kind (spread between machines not recorded: "
             f"{_pct_short(assumed)} assumed for {kind_of(c.kind).words})")
+
+
+def new_metrics_phrase(comparisons: Mapping[str, Comparison]) -> str:
+    """What a NEW case with an entry says: which gated metrics the entry lacks and how the others compared
+    ("no entry for 6 of 7 gated metrics (ncu_dram_read_bytes, ...); graph_us PASS"), so that a case whose time
+    passed reads as such when it gained metrics (--counters on an entry recorded without them); "" when
+    every metric is new."""
+    new = [n for n, c in comparisons.items() if c.verdict is Verdict.NEW]
+    compared = [f"{n} {c.verdict.value}" for n, c in comparisons.items() if c.verdict is not Verdict.NEW]
+    if not new or not compared:
+        return ""
+    shown = ", ".join(new[:2]) + (", ..." if len(new) > 2 else "")
+    return f"no entry for {len(new)} of {len(comparisons)} gated metrics ({shown}); {', '.join(compared)}"
 
 
 def _pct_short(x: float) -> str:

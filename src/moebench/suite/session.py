@@ -12,7 +12,7 @@ from moebench.baselines.compare import (SEVERITY, Comparison, Verdict, case_verd
 from moebench.baselines.schema import FAMILIES
 from moebench.baselines.store import BaselineSet, other_hardware_entries
 from moebench.core.metrics import Metric
-from moebench.outputs.report import fmt_changes, fmt_pct, machine_phrase, one_line
+from moebench.outputs.report import fmt_changes, fmt_pct, machine_phrase, new_metrics_phrase, one_line
 from moebench.results.document import CaseDoc, MetricDoc, ResultsDoc, Row, entries_by_family
 
 
@@ -112,6 +112,8 @@ class RunState:
             notes.append(f"ran on GPU {gpu['index']}, baseline from GPU {moved}: gated as another machine")
         elif verdict not in (Verdict.PASS, Verdict.NEW):  # where the spread it was judged against came from
             notes.append(next((machine_phrase(c) for c in comps.values() if c.verdict is verdict and c.other_machine), ""))
+        elif verdict is Verdict.NEW:  # an entry that lacks some metrics: say how the others compared
+            notes.append(new_metrics_phrase(comps))
         return comps, verdict, "; ".join(n for n in notes if n)
 
     def record(self, *, nodeid: str, key: str, family: str, definition: dict, measure: Callable[[], Mapping[str, Metric]],
