@@ -19,14 +19,16 @@ exit 0
 """
 
 
-def gate_job(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
+def gate_job(tmp_path: Path, *steps: str, python: str = FAKE_PYTHON) -> subprocess.CompletedProcess:
+    """ci/gate_h200.sh STEPS with `python` standing in for python3, its out and scratch folders in tmp_path."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
-    fake.write_text(FAKE_PYTHON)
+    fake.write_text(python)
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", JOB_OUT=str(tmp_path / "out"),
                MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="")
+    env.pop("MOEBENCH_NCU", None)
     return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -61,21 +63,8 @@ exit 0
 """
 
 
-def counting_job(tmp_path: Path, *steps: str) -> subprocess.CompletedProcess:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    fake = bin_dir / "python3"
-    fake.write_text(FAKE_COUNTING_PYTHON)
-    fake.chmod(0o755)
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", JOB_OUT=str(tmp_path / "out"),
-               MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="")
-    env.pop("MOEBENCH_NCU", None)
-    return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=60)
-
-
 def test_the_counter_steps_count_promote_into_scratch_and_gate_the_plant_against_it(tmp_path):
-    r = counting_job(tmp_path, "counters-aa", "counters-promote", "plant-narrow")
+    r = gate_job(tmp_path, "counters-aa", "counters-promote", "plant-narrow", python=FAKE_COUNTING_PYTHON)
     assert r.returncode == 0, r.stdout + r.stderr
     out, scratch = tmp_path / "out", tmp_path / "scratch"
     aa = (out / "counters-aa.log").read_text()
@@ -92,7 +81,7 @@ def test_the_counter_steps_count_promote_into_scratch_and_gate_the_plant_against
 
 
 def test_promoting_without_counted_runs_fails_and_the_plant_gates_against_the_committed_entries(tmp_path):
-    r = counting_job(tmp_path, "counters-promote", "plant-narrow")
+    r = gate_job(tmp_path, "counters-promote", "plant-narrow", python=FAKE_COUNTING_PYTHON)
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no run-*.json" in (tmp_path / "out" / "counters-promote.log").read_text()
     assert "--baseline-dir baselines " in (tmp_path / "out" / "plant-narrow.log").read_text()

@@ -39,7 +39,7 @@ def register() -> None:
         _plant(ops, every)
     attention = _every("MOEBENCH_PLANT_ATTENTION")
     if attention:  # when vLLM imports its backend: importing it here would load FlashAttention in every process
-        _plant_when_imported(VLLM_FA_MLA, lambda module: _plant_attention(module.FlashAttnMLAImpl, attention))
+        plant_when_imported(VLLM_FA_MLA, lambda module: _plant_attention(module.FlashAttnMLAImpl, attention))
 
 
 SGLANG_MARLIN = "sglang.srt.layers.moe.fused_moe_triton.fused_marlin_moe"
@@ -55,11 +55,12 @@ def register_sglang() -> None:
     SGLang's own guarded import of it, failed on `cuda.tile` on the H200 image, and left the plant unapplied."""
     every = _every()
     if every:
-        _plant_when_imported(SGLANG_MARLIN, lambda module: _plant(module, every))
+        plant_when_imported(SGLANG_MARLIN, lambda module: _plant(module, every))
 
 
-def _plant_when_imported(name: str, then) -> None:
-    """then(module) now if `name` is imported already, else right after its own import runs."""
+def plant_when_imported(name: str, then) -> None:
+    """then(module) now if `name` is imported already, else right after its own import runs (also ci/planted's
+    sitecustomize's way in: it plants the int4 kernel module of whatever process imports it)."""
     if name in sys.modules:
         then(sys.modules[name])
     elif not any(isinstance(f, _PlantOnImport) and f.name == name for f in sys.meta_path):

@@ -4,9 +4,9 @@ int4 Triton MoE kernel) into moebench.gemm.triton_moe.w4_mma_kernel. Python impo
 in every process, so the plant reaches the ncu child (`python -m moebench.gemm.counter_child`), which a pytest
 plugin (-p) would not.
 
-Lazily: nothing is imported here but the standard library's import machinery. A finder on sys.meta_path waits
-for the kernel module's import, lets the other finders load it, and right after the module's own code (before
-any kernel can have compiled) replaces its `_load_ws`. Unset (or "0"), this file adds no finder and plants
+Lazily: nothing is imported here but moebench_planted's finder (the standard library's import machinery). The
+finder on sys.meta_path waits for the kernel module's import, lets the other finders load it, and right after
+the module's own code (before any kernel can have compiled) replaces its `_load_ws`. Unset (or "0"), this file adds no finder and plants
 nothing.
 
 Planted, moebench_planted_narrow.plant prints one line on stderr (`moebench planted regression: ...`); stdout
@@ -39,29 +39,11 @@ def _plant(module) -> None:
 
 
 def _install() -> None:
-    import importlib.util
+    # moebench_planted (beside this file) holds the finder the decode plants use; it imports only the
+    # standard library's import machinery at module level
+    from moebench_planted import plant_when_imported
 
-    class _PlantOnImport:  # a meta path finder (importlib.abc is not imported for its base class)
-        """Finds nothing itself: when MODULE is being imported, the other finders find it, and the plant
-        runs right after the module's own code."""
-
-        def find_spec(self, fullname, path, target=None):
-            if fullname != MODULE:
-                return None
-            sys.meta_path.remove(self)  # once; and the search below must not find us again
-            spec = importlib.util.find_spec(fullname)
-            if spec is None or spec.loader is None:
-                return spec
-            run = spec.loader.exec_module
-
-            def exec_module(module):
-                run(module)
-                _plant(module)
-
-            spec.loader.exec_module = exec_module
-            return spec
-
-    sys.meta_path.insert(0, _PlantOnImport())
+    plant_when_imported(MODULE, _plant)
 
 
 def _after(here: str) -> list:
