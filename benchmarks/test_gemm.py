@@ -105,7 +105,7 @@ def test_gemm(case: GemmCase, moebench, request):
     ceiling = moebench.ceiling(device, "read")
     # chart: the report draws the backends of one model, op and dtype side by side over M (moebench.outputs.charts)
     chart = {"panel": f"{case.model} tp{case.tp} {case.op} {case.dtype} {case.routing}", "x": case.m,
-             "x_label": "M (tokens per step)", "series": case.backend}
+             "x_label": "M (tokens per step)", "series": case.backend, "tokens": case.m}
     info = {"backend": case.backend, "group": case.shape_id, "shape": case.shape_id, "check": checked,
             "chart": chart, **built.info}
 

@@ -138,9 +138,44 @@ def test_the_charts_read_the_backends_over_m_and_the_breakdown_per_kernel_from_t
     panels = {p.title: p for p in backend_panels(list(run.cases.values()))}
     fused = panels["tiny tp8 fused bf16 decode"]
     assert len(panels) == 4 and sorted(fused.series) == ["torch_bmm", "torch_grouped_mm", "torch_loop"]
-    assert [x for x, _, _ in fused.series["torch_bmm"]] == [1, 4, 16] and fused.metric == "wall_us"
+    assert [pt.x for pt in fused.series["torch_bmm"]] == [1, 4, 16] and fused.metric == "wall_us"
     value = run.cases["gemm[tiny-tp8-fused-m4-bf16-decode-torch_bmm]"].metrics["wall_us"].metric.value
-    assert fused.series["torch_bmm"][1][1] == value and fused.series["torch_bmm"][1][2] is not None
+    assert fused.series["torch_bmm"][1].value == value and fused.series["torch_bmm"][1].pct_of_floor is not None
+    assert fused.series["torch_bmm"][1].bytes_per_token is None  # not counted (no --counters)
     ((group, bars),) = breakdown_groups(list(run.cases.values())).items()
     assert [label for label, _ in bars] == ["moe_auto", "moe_moebench_w4"] and "moe_" not in group
     assert bars[1][1]["routed_experts"] == 1.13 and len(bars[0][1]) == 8
+
+
+def _counted_case(backend: str, m: int, graph_us: float, read_bytes: float | None, tokens=None):
+    from moebench.core.metrics import Metric
+    from moebench.results.document import CaseDoc, MetricDoc
+
+    metrics = {"graph_us": MetricDoc(Metric(graph_us, "us", "lower"))}
+    if read_bytes is not None:
+        metrics["ncu_dram_read_bytes"] = MetricDoc(Metric(read_bytes, "B", "lower", kind="device_counter"))
+    chart = {"panel": "kimi int4", "x": m, "x_label": "M", "series": backend, "tokens": m if tokens is None else tokens}
+    return CaseDoc(f"gemm[kimi-m{m}-{backend}]", "gemm", "PASS", "graph_us", metrics,
+                   info={"backend": backend, "chart": chart})
+
+
+def test_the_backend_panel_reads_the_counted_bytes_per_token_and_draws_them_beside_time(tmp_path):
+    from moebench.outputs.charts import backend_panels, plot_backends
+
+    # session 17's H200 reads (MB per call): ours and Marlin at M = 2 and 4; Marlin reads a little more
+    cases = [_counted_case("triton", 2, 21.3, 49.05e6), _counted_case("triton", 4, 37.0, 96.70e6),
+             _counted_case("vllm_marlin", 2, 44.2, 49.47e6), _counted_case("vllm_marlin", 4, 62.7, None),
+             _counted_case("torch_loop", 4, 90.0, 97e6, tokens=0)]
+    (panel,) = backend_panels(cases)
+    per_token = {s: [pt.bytes_per_token for pt in pts] for s, pts in panel.series.items()}
+    assert per_token == {"triton": [49.05e6 / 2, 96.70e6 / 4], "vllm_marlin": [49.47e6 / 2, None],
+                         "torch_loop": [None]}  # not counted, or no token count to divide by: not drawn
+    plt = pytest.importorskip("matplotlib.pyplot")
+    drawn = []
+    real = plt.subplots
+    plt.subplots = lambda *a, **k: drawn.append(a) or real(*a, **k)
+    try:
+        plot_backends(panel, tmp_path / "kimi.png")
+    finally:
+        plt.subplots = real
+    assert drawn == [(1, 2)] and (tmp_path / "kimi.png").stat().st_size > 0  # time, and bytes per token beside it

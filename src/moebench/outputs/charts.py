@@ -2,9 +2,11 @@
 a family's code: a family describes its cases in their `info`, and these charts read it.
 
 - Backends side by side: cases whose info holds `chart = {"panel": str, "x": number, "x_label": str,
-  "series": str}` (the gemm family: panel = model, op and dtype; x = M; series = the MoE backend). One
-  figure per panel: the case's primary metric over x, one line per series, and beside it the
-  `pct_of_floor` metric (% of the memory floor) where the cases have one.
+  "series": str, "tokens": number}` (the gemm family: panel = model, op and dtype; x = M; series = the MoE
+  backend; tokens = the tokens one measured call serves). One figure per panel: the case's primary metric
+  over x, one line per series; beside it the `pct_of_floor` metric (% of the memory floor) where the cases
+  have one, and the DRAM bytes read per token (the counted `ncu_dram_read_bytes` over `tokens`) where they
+  were counted (--counters): "slower because it reads more" and "slower at the same bytes" side by side.
 - Step breakdown: cases whose info holds `breakdown = {"categories": {name: {"ms_per_step": number}}}`
   (the decode family's profiled trial). One figure per case group (a decode scenario): a stacked bar per
   case, labelled by what tells the group's cases apart (the MoE kernel's token of the key), one colour
@@ -18,22 +20,36 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from typing import NamedTuple
+
+from moebench.core.ncu_kernels import metric_name
 from moebench.outputs.plots import require_matplotlib
 from moebench.results.document import CaseDoc
 
 FLOOR_METRIC = "pct_of_floor"
+READ_METRIC = metric_name("dram_read_bytes")  # a case's counted DRAM read per call (--counters)
+
+
+class Point(NamedTuple):
+    """One case on a panel: x, its primary metric, % of the floor and DRAM bytes read per token (None:
+    not known)."""
+
+    x: float
+    value: float
+    pct_of_floor: float | None = None
+    bytes_per_token: float | None = None
 
 
 @dataclass
 class BackendPanel:
-    """One model+dtype's cases: {series: [(x, value, % of floor or None)]}, sorted by x."""
+    """One model+dtype's cases: {series: [Point]}, sorted by x."""
 
     title: str
     x_label: str
     metric: str
     unit: str
     direction: str
-    series: dict[str, list[tuple[float, float, float | None]]] = field(default_factory=dict)
+    series: dict[str, list[Point]] = field(default_factory=dict)
 
 
 def backend_panels(cases: list[CaseDoc]) -> list[BackendPanel]:
@@ -50,13 +66,25 @@ def backend_panels(cases: list[CaseDoc]) -> list[BackendPanel]:
         m = c.metrics[c.primary].metric
         p = panels.setdefault(f"{panel} / {c.primary}",
                               BackendPanel(panel, str(spec.get("x_label") or "x"), c.primary, m.unit, m.direction))
-        floor = c.metrics.get(FLOOR_METRIC)
-        pct = floor.metric.value if floor is not None and math.isfinite(floor.metric.value) else None
-        p.series.setdefault(series, []).append((float(x), m.value, pct))
+        p.series.setdefault(series, []).append(
+            Point(float(x), m.value, _finite(c, FLOOR_METRIC), _per_token(c, spec.get("tokens"))))
     for p in panels.values():
         for points in p.series.values():
             points.sort()
     return [panels[k] for k in sorted(panels)]
+
+
+def _finite(c: CaseDoc, name: str) -> float | None:
+    """The case's metric `name`, None when it has none or it is not a finite number."""
+    m = c.metrics.get(name)
+    return m.metric.value if m is not None and math.isfinite(m.metric.value) else None
+
+
+def _per_token(c: CaseDoc, tokens) -> float | None:
+    """The counted DRAM read per token, None without a count or a token number."""
+    read = _finite(c, READ_METRIC)
+    ok = isinstance(tokens, (int, float)) and not isinstance(tokens, bool) and tokens > 0
+    return read / tokens if read is not None and ok else None
 
 
 def _distinct_tokens(key: str, group: str) -> str:
@@ -81,23 +109,29 @@ def breakdown_groups(cases: list[CaseDoc]) -> dict[str, list[tuple[str, dict[str
 
 
 def plot_backends(p: BackendPanel, path: Path) -> None:
-    """Draw one panel: the metric over x per series, and % of the floor beside it when known."""
+    """Draw one panel: the metric over x per series; beside it % of the floor and the DRAM bytes read per
+    token, each where the panel's cases have it."""
     plt = require_matplotlib()
-    with_floor = any(pct is not None for pts in p.series.values() for _, _, pct in pts)
-    fig, axes = plt.subplots(1, 2 if with_floor else 1, figsize=(11 if with_floor else 6.5, 4.2), dpi=110,
-                             squeeze=False)
+    extra = [(field, label, ref) for field, label, ref in (
+        ("pct_of_floor", "% of the memory floor, higher is better", 100.0),
+        ("bytes_per_token", "DRAM read per token (MB, counted), lower is better", None))
+        if any(getattr(pt, field) is not None for pts in p.series.values() for pt in pts)]
+    cols = 1 + len(extra)
+    fig, axes = plt.subplots(1, cols, figsize=(6.5 + 4.5 * (cols - 1), 4.2), dpi=110, squeeze=False)
     for name, pts in sorted(p.series.items()):
-        xs = [x for x, _, _ in pts]
-        line, = axes[0][0].plot(xs, [v for _, v, _ in pts], marker="o", label=name)
-        if with_floor:
-            fl = [(x, pct) for x, _, pct in pts if pct is not None]
-            axes[0][1].plot([x for x, _ in fl], [pct for _, pct in fl], marker="o", color=line.get_color(), label=name)
+        line, = axes[0][0].plot([pt.x for pt in pts], [pt.value for pt in pts], marker="o", label=name)
+        for ax, (field, _, _) in zip(axes[0][1:], extra):
+            known = [(pt.x, getattr(pt, field)) for pt in pts if getattr(pt, field) is not None]
+            scale = 1e-6 if field == "bytes_per_token" else 1.0
+            ax.plot([x for x, _ in known], [v * scale for _, v in known], marker="o", color=line.get_color(),
+                    label=name)
     better = "lower is better" if p.direction == "lower" else "higher is better"
     axes[0][0].set_ylabel(f"{p.metric} ({p.unit}), {better}" if p.unit else f"{p.metric}, {better}")
-    if with_floor:
-        axes[0][1].set_ylabel("% of the memory floor, higher is better")
-        axes[0][1].axhline(100, color="#999999", linewidth=1, linestyle="--")
-    ticks = sorted({x for pts in p.series.values() for x, _, _ in pts})
+    for ax, (_, label, ref) in zip(axes[0][1:], extra):
+        ax.set_ylabel(label)
+        if ref is not None:
+            ax.axhline(ref, color="#999999", linewidth=1, linestyle="--")
+    ticks = sorted({pt.x for pts in p.series.values() for pt in pts})
     for ax in axes[0]:
         ax.set_xlabel(p.x_label)
         ax.set_xscale("log", base=2)
