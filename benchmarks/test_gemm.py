@@ -18,6 +18,7 @@ from moebench.gemm.cases import ALL_CASES, GemmCase, is_default
 from moebench.gemm.counter_batch import CounterBatch
 from moebench.plugin import marker_names_in
 from moebench.suite.unmeasured import declare_cases
+from moebench.suite.xdist_glue import placed_here
 
 pytestmark = pytest.mark.gemm
 
@@ -76,12 +77,12 @@ def _selected_cases(items) -> list[GemmCase]:
 
 def _counter_batch(request, device: str, cc) -> CounterBatch:
     """The session's CounterBatch, planned on first use from every selected gemm case whose backend runs on
-    this machine (the others skip before counting), so that one ncu child counts a chunk of them and later
-    cases read their counts from it."""
+    this machine (the others skip before counting) and, in an -n worker, whose GPU is this worker's, so that
+    one ncu child counts a chunk of them and later cases read their counts from it."""
     stash = request.config.stash
     if _COUNTER_BATCH not in stash:
-        planned = [c.id for c in _selected_cases(request.session.items)
-                   if BACKENDS[c.backend].unavailable(c, device, cc) is None]
+        here = [it for it in request.session.items if placed_here(request.config, it)]  # -n: this worker's
+        planned = [c.id for c in _selected_cases(here) if BACKENDS[c.backend].unavailable(c, device, cc) is None]
         stash[_COUNTER_BATCH] = CounterBatch(planned, gemm_counters.tool_of(hardware.fingerprint()))
     return stash[_COUNTER_BATCH]
 

@@ -19,6 +19,7 @@ from moebench.gemm import counter_batch, counters
 from moebench.gemm.cases import GemmCase
 from moebench.gemm.counter_batch import CounterBatch
 from moebench.gemm.counter_protocol import CaseReport, write_report
+from moebench.suite import xdist_glue
 from moebench.suite.family_options import add_family_options
 from ncu_batch_fixtures import batch_csv, fixture_parts
 from test_ncu_launch import fake_ncu
@@ -177,3 +178,18 @@ def test_the_session_counts_every_selected_case_in_one_child_and_later_cases_rea
         assert metrics["ncu_inst_executed"].value == 4_753_312 and info["chunk"] == "counters-chunk01"
     assert runs == [[c.id for c in planned]]  # one child for the four; the one that cannot run here is not asked
     assert bench._counter_batch(request, "cuda", (7, 0)) is bench._counter_batch(request, "cuda", (7, 0))
+
+
+def test_an_n_worker_plans_only_the_cases_on_its_own_gpu(monkeypatch):
+    """Under -n each worker sees every item of the session; its batch holds the cases the GPU plan gave it
+    (suite.xdist_glue.placed_here), or each worker would count the others' share too."""
+    spec = importlib.util.spec_from_file_location("benchmarks_test_gemm", REPO / "benchmarks" / "test_gemm.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    cases = [GemmCase("tiny", 8, "fused", m, "bf16", "decode", "torch_loop") for m in (1, 2, 4, 8)]
+    items = [SimpleNamespace(nodeid=f"test_gemm[{c.id}]", **vars(_item(c))) for c in cases]
+    config = SimpleNamespace(stash=pytest.Stash(), workerinput={"workerid": "gw1"})
+    config.stash[xdist_glue._PLACED_HERE] = frozenset({items[1].nodeid, items[3].nodeid})
+    monkeypatch.setattr(hardware, "fingerprint", lambda: {"ncu": {"path": "/opt/ncu/ncu", "version": "2025.3.1.0"}})
+    batch = bench._counter_batch(SimpleNamespace(config=config, session=SimpleNamespace(items=items)), "cuda", (9, 0))
+    assert batch.chunks == [[cases[1].id, cases[3].id]]

@@ -140,3 +140,18 @@ def test_aa_per_gpu_runs_a_case_on_every_gpu_and_prints_the_spread_between_them(
     for i in range(4):
         doc = project.results(project.path / "aa" / f"gpu-{i}.json")
         assert doc["hardware_key"] == "nvidia-h200-x4" and doc["cases"][0]["gpu"]["index"] == i
+
+
+def test_a_worker_knows_which_items_run_on_its_gpu(project):
+    # what --counters plans its ncu chunks from: a worker's own cases, not the session's every item
+    r = project.run("-n", "2")
+    assert r.ret == 0, r.stdout.str()
+    seen = project.seen()
+    ran = {}
+    for name in CASES:
+        ran.setdefault(seen[name]["worker"], set()).add(f"test_case[{name}]")
+    for name in CASES:  # test_skipped is placed too (it skips when it runs, and logs nothing)
+        assert set(seen[name]["placed_here"]) - {"test_skipped"} == ran[seen[name]["worker"]]
+    assert not any("test_all_gpus" in n for s in seen.values() for n in s["placed_here"])
+    one = project.run("-p", "no:xdist")  # one process: every item is its own
+    assert one.ret == 0 and len(project.seen()["c00"]["placed_here"]) == len(CASES) + 2  # + all, + skipped

@@ -90,6 +90,7 @@ import pytest
 
 from moebench.core import hardware
 from moebench.core.metrics import Metric
+from moebench.suite.xdist_glue import placed_here
 
 HERE = pathlib.Path(__file__).parent
 CASES = %r
@@ -100,13 +101,15 @@ class Case:  # a case parameter with its baseline key, as the families' are (moe
         self.name, self.key = name, f"fake[{name}]"
 
 
-def _seen(name, gpus_visible_to_children=None):
+def _seen(name, request):
     gpu = hardware.own_gpu()
     (HERE / "seen").mkdir(exist_ok=True)
+    here = sorted(it.name for it in request.session.items if placed_here(request.config, it))
     (HERE / "seen" / f"{name}.json").write_text(json.dumps({
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "pid": os.getpid(),
         "worker": os.environ.get("PYTEST_XDIST_WORKER"), "key": hardware.hardware_key(),
-        "machine_id": hardware.fingerprint()["machine_id"], "own_gpu": gpu, "t": time.time()}))
+        "machine_id": hardware.fingerprint()["machine_id"], "own_gpu": gpu, "t": time.time(),
+        "placed_here": here}))
     return gpu
 
 
@@ -120,17 +123,17 @@ def _measure(name, gpu):
 @pytest.mark.gemm
 @pytest.mark.gpu
 @pytest.mark.parametrize("case", [pytest.param(Case(n), id=n) for n in CASES])
-def test_case(case, moebench):
+def test_case(case, moebench, request):
     name = case.name
-    gpu = _seen(name)
+    gpu = _seen(name, request)
     time.sleep(0.05)
     moebench.record(f"fake[{name}]", "gemm", {"name": name}, _measure(name, gpu), primary="latency_us")
 
 
 @pytest.mark.allreduce
 @pytest.mark.gpus(n=2)
-def test_all_gpus(moebench):
-    _seen("all")
+def test_all_gpus(moebench, request):
+    _seen("all", request)
     moebench.record("fake[all]", "allreduce", {"name": "all"}, _measure("all", None), primary="latency_us")
 
 

@@ -43,6 +43,7 @@ SLOT, SLOTS, PLAN_DIR = "moebench_slot", "moebench_slots", "moebench_plan_dir"  
 DECLARED = "moebench_declared"  # workeroutput key: {family: [case keys]}
 PAYLOAD = "moebench_payload"  # the TestReport attribute a worker's measured cases travel on
 _SHIP = pytest.StashKey[dict]()
+_PLACED_HERE = pytest.StashKey[frozenset]()  # a worker's single-GPU items (nodeids) on its GPU
 
 
 def is_worker(config: pytest.Config) -> bool:
@@ -108,6 +109,16 @@ def _narrow_to_slot(slot: int) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(gpus[slot]["index"])
 
 
+def placed_here(config: pytest.Config, item: pytest.Item) -> bool:
+    """Whether `item` runs in this process: every item does outside an -n run; in a worker, a single-GPU item
+    whose GPU the plan made this worker's (a multi-GPU item runs on every GPU and is no worker's own). For
+    work a family plans for the items it will run (--counters counts a chunk of cases in one ncu child):
+    a worker sees every item of the session, and would otherwise do the other workers' share too."""
+    if not is_worker(config):
+        return True
+    return item.nodeid in config.stash.get(_PLACED_HERE, frozenset())
+
+
 def register_merge(config: pytest.Config, state: RunState) -> None:
     """On an xdist controller, gather the workers' cases into `state` (called by the plugin once it has one)."""
     if is_controller(config):
@@ -147,6 +158,9 @@ class Worker:
         placed = assign(single.values(), slots, {names[p]: g for p, g in pins.items() if p in names})
         plan = {"ids": [it.nodeid for it in items], "problem": problem,
                 "slots": [ALL if multi_gpu(it) else placed[single[it.nodeid]] for it in items]}
+        mine = int(config.workerinput[SLOT])
+        config.stash[_PLACED_HERE] = frozenset(it.nodeid for it in items
+                                               if not multi_gpu(it) and placed[single[it.nodeid]] == mine)
         path = Path(config.workerinput[PLAN_DIR]) / f"{config.workerinput['workerid']}.json"
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(plan), encoding="utf-8")
