@@ -69,6 +69,40 @@ def test_a_hanging_ncu_times_out_with_a_clear_error(tmp_path):
         run_under_ncu(ncu, NCU_METRICS, "m", timeout_s=1)
 
 
+def test_a_hanging_ncu_is_killed_with_the_child_it_started(tmp_path):
+    # ncu profiles a Python child; killing ncu alone left the child holding the GPU (its pid in child.pid)
+    path = tmp_path / "ncu"
+    path.write_text(f"""#!{sys.executable}
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+open({str(tmp_path / "child.pid")!r}, "w").write(str(child.pid))
+time.sleep(60)
+""")
+    path.chmod(0o755)
+    with pytest.raises(NcuFailed, match=r"within 2 s running m \(it and its child were killed\)"):
+        run_under_ncu(str(path), NCU_METRICS, "m", timeout_s=2)
+    pid = int((tmp_path / "child.pid").read_text())
+    assert _dies(pid), f"ncu's child {pid} outlived the timeout"
+
+
+def _dies(pid: int, within_s: float = 10.0) -> bool:
+    """Whether the process ends (gone, or a zombie its reaper has not collected) within a few seconds of a
+    SIGKILL already sent: the signal is delivered asynchronously."""
+    import time
+
+    stat = Path(f"/proc/{pid}/stat")
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_ncu_is_found_through_moebench_ncu_with_its_version(tmp_path, monkeypatch):
     monkeypatch.setenv(ncu_launch.ENV, fake_ncu(tmp_path))
     tool = find_ncu()

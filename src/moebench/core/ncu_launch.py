@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -116,6 +117,24 @@ def _keep(path: str, stdout: str, stderr: str) -> None:
         print(f"moebench: could not keep ncu's output in {path}: {e}", file=sys.stderr)
 
 
+def _run_as_group(cmd: Sequence[str], timeout_s: float, env: dict | None) -> subprocess.CompletedProcess:
+    """subprocess.run(capture_output, text) in a process group of its own, all of which is killed when it
+    runs past timeout_s (TimeoutExpired) or the caller is interrupted: killing ncu alone left the Python
+    child it profiles running, holding the GPU and timing the next case."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout_s)
+    except BaseException:  # the timeout, or Ctrl-C: nothing it started may outlive this call
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[str] = (), *,
                   timeout_s: float = 600.0, env: dict | None = None, python: str = sys.executable,
                   keep: str | None = None) -> list[Launch]:
@@ -125,10 +144,11 @@ def run_under_ncu(ncu: str, metrics: Sequence[str], module: str, args: Sequence[
     ValueError) when its output is not the table it should be."""
     cmd = ncu_command(ncu, metrics, module, args, python)
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
+        out = _run_as_group(cmd, timeout_s, env)
     except subprocess.TimeoutExpired:
         # the module, not its arguments: a child counting a chunk of cases has dozens of them
-        raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s running {module}") from None
+        raise NcuFailed(f"ncu did not finish within {timeout_s:.0f} s running {module} (it and its child were "
+                        f"killed)") from None
     except OSError as e:
         raise NcuFailed(f"ncu could not be started ({ncu}): {e}") from None
     if keep:
