@@ -70,3 +70,40 @@ def test_a_spread_between_machines_is_judged_with_the_machines_it_was_measured_o
     assert _looser(old, {**_entry(noise_machines=0.012), "machines": ["a", "b", "c", "d"]})["noise_machines"] == ""
     fewer = {**_entry(noise_machines=0.011), "machines": ["a", "b"]}
     assert _looser(old, fewer)["noise_machines"] == "wider spread between machines"
+
+
+FIVE = ["a", "b", "c", "d", "e"]
+
+
+def _counted(own=None, entry_machines=FIVE, **counter) -> dict:
+    """An entry of `entry_machines` whose counter names its own machines (`own`; None: the entry's)."""
+    e = {**_entry(), "machines": list(entry_machines)}
+    c = {"value": 2.0e7, "unit": "B", "direction": "lower", "rel_tol": 0.01, "noise": 0.0, "n": 3,
+         "kind": "device_counter", **counter, **({"machines": own} if own is not None else {})}
+    e["metrics"] = {**e["metrics"], "ncu_dram_read_bytes": c}
+    return e
+
+
+def _counter_looser(old: dict, new: dict) -> dict[str, str]:
+    return {c.field: c.looser for c in entry_changes(KEY, old, new) if c.metric == "ncu_dram_read_bytes"}
+
+
+def test_a_metric_s_machines_narrowing_loosens_and_widening_does_not():
+    assert _counter_looser(_counted(["e", "f"], FIVE + ["f"]), _counted(["e"], FIVE + ["f"]))["machines"] == \
+        "f no longer named as recording: the spread between machines applies there instead of the metric's noise"
+    assert _counter_looser(_counted(["e"], FIVE + ["f"]), _counted(["e", "f"], FIVE + ["f"])) == {"machines": ""}
+
+
+def test_a_metric_gaining_its_own_machines_loosens_where_the_entry_s_no_longer_count_for_it():
+    looser = _counter_looser(_counted(None), _counted(["e"]))["machines"]
+    assert looser.startswith("a, b, c, d no longer named as recording")
+    # losing them to an entry of the same one machine: the same recorder, nothing looser
+    assert _counter_looser(_counted(["e"]), _counted(None, ["e"])) == {"machines": ""}
+
+
+def test_a_metric_s_spread_between_machines_is_judged_over_its_own_machines():
+    # the entry's five machines on both sides; the counter's own three (1.0%) -> four (1.2%): a further machine
+    # gets 1.88 x 1.0% -> 1.48 x 1.2%, narrower, not looser (over the entry's five both it would read wider)
+    old = _counted(["a", "b", "c"], noise_machines=0.010)
+    new = _counted(["a", "b", "c", "d"], noise_machines=0.012)
+    assert _counter_looser(old, new) == {"noise_machines": "", "machines": ""}

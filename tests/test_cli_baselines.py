@@ -169,3 +169,46 @@ def test_promote_that_cannot_write_exits_non_zero_and_leaves_nothing(tmp_path, c
     assert err.count("\n") == 0 and "No space left on device" in err, err
     assert not (root / HW / "selfcheck.json").exists()
     assert not (root / HW).exists(), "a temporary file, or the folder made for the file, was left behind"
+
+
+def _with_counter(root: Path, own: list[str], machines: list[str], noise_machines=None) -> Path:
+    """The copy entry of `root` recorded on `machines`, with a DRAM bytes counter recorded on `own` of them."""
+    path = root / HW / "selfcheck.json"
+    doc = json.loads(path.read_text())
+    e = doc["entries"][COPY]
+    e.update(machines=machines, independent_runs=8)
+    e["metrics"]["ncu_dram_read_bytes"] = {
+        "value": 2.147e9, "unit": "B", "direction": "lower", "rel_tol": 0.01, "noise": 0.0, "n": 3,
+        "kind": "device_counter", "machines": own, "independent_runs": 3,
+        **({"noise_machines": noise_machines} if noise_machines is not None else {})}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+FIVE = [f"gpu-{c * 12}" for c in "abcde"]
+
+
+def test_show_gives_a_metric_its_own_runs_machines_and_rule(tmp_path, capsys):
+    root = tmp_path / "baselines"
+    main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(root)])
+    _with_counter(root, FIVE[3:], FIVE, noise_machines=0.005)
+    capsys.readouterr()
+    assert main(["baselines", "show", str(root)]) == 0
+    rows = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith(COPY)}
+    assert " 8x5 " in rows["copy_GBps"]
+    # the counter's 3 runs on its 2 machines, its half range widened for a third by its own count
+    assert " 3x2 " in rows["ncu_dram_read_bytes"] and "(0.5% over 2)" in rows["ncu_dram_read_bytes"]
+
+
+def test_diff_marks_a_narrowing_of_a_metric_s_machines_looser(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for root in (a, b):
+        main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(root)])
+    _with_counter(a, FIVE[3:], FIVE)
+    _with_counter(b, FIVE[4:], FIVE)
+    capsys.readouterr()
+    assert main(["baselines", "diff", str(a), str(b), "--exit-code"]) == 1
+    out = capsys.readouterr().out
+    assert (f"ncu_dram_read_bytes machines {FIVE[3]}, {FIVE[4]} -> {FIVE[4]} [LOOSER: {FIVE[3]} no longer named "
+            "as recording") in out
+    assert main(["baselines", "diff", str(b), str(a), "--exit-code"]) == 0, "a machine added to a metric is not looser"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from moebench.baselines.combine import combine_entries, half_range
+from moebench.baselines.combine import combine_entries, half_range, metrics_left_out
 from moebench.baselines.schema import BaselineError
 from moebench.baselines.store import load_file
 from moebench.cli.main import main
@@ -162,3 +162,135 @@ def test_a_reviewed_note_of_any_source_survives_the_combination():
     stored["provenance"]["commit_note"] = "t rel_tol 0.20 -> 0.05, reviewed"
     assert combine_entries([stored, run], "k")["provenance"]["commit_note"] == "t rel_tol 0.20 -> 0.05, reviewed"
     assert "commit_note" not in combine_entries([entry(10.0), entry(10.1)], "k")["provenance"]
+
+
+# --- a metric measured by a subset of the sources (issue 34: counters beside a time of four machines) ---------
+
+def kernel_entry(value, machine, counted=None, runs=1):
+    """A run's gemm entry on `machine`: graph_us, and the DRAM bytes counter when `counted` is given."""
+    e = entry(value, machine, runs=runs)
+    e["metrics"] = {"graph_us": {**e["metrics"]["t"], "kind": "device_kernel"}}
+    if counted is not None:
+        e["metrics"]["ncu_dram_read_bytes"] = {"value": counted, "unit": "B", "direction": "lower", "rel_tol": 0.01,
+                                               "noise": 0.0, "n": 1, "kind": "device_counter"}
+    return e
+
+
+def committed_four_machines():
+    """The committed entry: graph_us combined over four machines, two runs each, recorded before counters."""
+    return combine_entries([kernel_entry(v, m) for m, vs in (("gpu-a", (24.4, 24.5)), ("gpu-b", (24.6, 24.6)),
+                                                            ("gpu-c", (24.3, 24.4)), ("gpu-d", (24.5, 24.5)))
+                            for v in vs], "k")
+
+
+def test_a_counter_counted_on_a_new_machine_is_kept_beside_the_stored_time_of_four():
+    committed = committed_four_machines()
+    counted = [kernel_entry(v, "gpu-e", counted=24.84e6) for v in (24.40, 24.45, 24.42)]
+    e = combine_entries([committed] + counted, "k", stored=[True, False, False, False])
+    assert e["machines"] == ["gpu-a", "gpu-b", "gpu-c", "gpu-d", "gpu-e"] and e["independent_runs"] == 11
+    g, c = e["metrics"]["graph_us"], e["metrics"]["ncu_dram_read_bytes"]
+    # the time: over five machines (no field of its own), its four-machine spread carried and never narrowed
+    assert "machines" not in g and "independent_runs" not in g
+    assert g["noise_machines"] >= committed["metrics"]["graph_us"]["noise_machines"]
+    # the counter: over the one machine and three runs that counted it, with no spread between machines
+    assert (c["machines"], c["independent_runs"], c["n"]) == (["gpu-e"], 3, 3)
+    assert c["value"] == 24.84e6 and "noise_machines" not in c
+    assert metrics_left_out([committed] + counted, [True, False, False, False]) == {}
+
+
+def test_without_the_source_kinds_a_metric_the_stored_source_lacks_is_left_out():
+    committed = committed_four_machines()
+    counted = [kernel_entry(24.4, "gpu-e", counted=24.84e6) for _ in range(3)]
+    assert set(combine_entries([committed] + counted, "k")["metrics"]) == {"graph_us"}
+    assert metrics_left_out([committed] + counted) == {"ncu_dram_read_bytes": (0,)}
+
+
+def test_a_metric_missing_from_one_measured_run_is_left_out_beside_a_stored_source():
+    # runs made without --counters mixed with counted ones: the counter is not stored, and said
+    committed = committed_four_machines()
+    runs = [kernel_entry(24.4, "gpu-e", counted=24.84e6), kernel_entry(24.4, "gpu-e"),
+            kernel_entry(24.4, "gpu-e", counted=24.84e6)]
+    e = combine_entries([committed] + runs, "k", stored=[True, False, False, False])
+    assert set(e["metrics"]) == {"graph_us"}
+    assert metrics_left_out([committed] + runs, [True, False, False, False]) == {"ncu_dram_read_bytes": (2,)}
+
+
+def test_a_counter_stored_on_one_machine_counts_as_that_machine_when_a_second_is_added():
+    # the next lease: the committed entry now holds the counter of gpu-e; three runs of gpu-f add a second
+    # machine to it, whose spread is between e and f alone (not between f and the time's five machines)
+    first = combine_entries([committed_four_machines()] + [kernel_entry(24.4, "gpu-e", counted=100.0)] * 3, "k",
+                            stored=[True, False, False, False])
+    e = combine_entries([first] + [kernel_entry(24.4, "gpu-f", counted=102.0)] * 3, "k",
+                        stored=[True, False, False, False])
+    c = e["metrics"]["ncu_dram_read_bytes"]
+    assert (c["machines"], c["independent_runs"]) == (["gpu-e", "gpu-f"], 6)
+    assert c["noise_machines"] == pytest.approx(half_range([100.0, 102.0]), abs=1e-6)
+    assert c["value"] == pytest.approx(101.0)
+
+
+def test_a_stored_counter_groups_with_new_runs_of_its_own_machine_not_with_the_time_s_machines():
+    # the stored counter was counted on gpu-e alone: gpu-e's new run joins it as one machine (median 100.2),
+    # not as a sixth group beside an "a+b+c+d+e" one, so the entry sits between e and f
+    first = combine_entries([committed_four_machines()] + [kernel_entry(24.4, "gpu-e", counted=100.0)] * 3, "k",
+                            stored=[True, False, False, False])
+    e = combine_entries([first, kernel_entry(24.4, "gpu-e", counted=100.4), kernel_entry(24.4, "gpu-f", counted=102.0)],
+                        "k", stored=[True, False, False])
+    c = e["metrics"]["ncu_dram_read_bytes"]
+    assert c["value"] == pytest.approx(101.1) and c["noise"] == pytest.approx(round(0.2 / 100.2, 6))
+
+
+def test_a_metric_of_the_same_machines_but_fewer_runs_names_its_runs_only():
+    proposal = kernel_entry(24.4, "gpu-e")  # a proposal of gpu-e from a run without --counters
+    e = combine_entries([proposal, kernel_entry(24.4, "gpu-e", counted=1.0), kernel_entry(24.4, "gpu-e", counted=1.0)],
+                        "k", stored=[True, False, False])
+    c = e["metrics"]["ncu_dram_read_bytes"]
+    assert "machines" not in c and c["independent_runs"] == 2 and e["independent_runs"] == 3
+
+
+def _counted_run_file(tmp_path: Path, name: str, machine: str, counted: bool) -> Path:
+    """A results file of `machine` whose copy case also measured a gated counter when `counted`."""
+    p = _run_file(tmp_path, name, 1.0, machine)
+    doc = json.loads(p.read_text())
+    case = next(c for c in doc["cases"] if c["key"] == COPY)
+    if counted:
+        case["metrics"]["ncu_dram_read_bytes"] = {"value": 2.147e9, "unit": "B", "direction": "lower", "gated": True,
+                                                  "n": 1, "noise": 0.0, "rel_tol": 0.01, "kind": "device_counter"}
+    p.write_text(json.dumps(doc))
+    return p
+
+
+def _committed_file(tmp_path: Path) -> Path:
+    """A stored baseline file whose copy entry spans four machines and predates the counter."""
+    runs = [_run_file(tmp_path, f"old-{m}.json", s, f"gpu-{m * 12}")
+            for m, s in zip("abcd", (1.0, 1.004, 0.998, 1.002))]
+    root = tmp_path / "committed"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    return root / "nvidia-h200-x1" / "selfcheck.json"
+
+
+def test_promote_with_the_committed_file_first_keeps_its_machines_and_stores_the_counter(tmp_path, capsys):
+    committed = _committed_file(tmp_path)
+    runs = [_counted_run_file(tmp_path, f"run-{i}.json", "gpu-eeeeeeeeeeee", True) for i in (1, 2, 3)]
+    root = tmp_path / "baselines"
+    capsys.readouterr()
+    assert main(["baselines", "promote", str(committed), *map(str, runs), "--case", COPY,
+                 "--baseline-dir", str(root)]) == 0
+    assert "dropped" not in capsys.readouterr().out
+    e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
+    assert len(e["machines"]) == 5 and "machines" not in e["metrics"]["copy_GBps"]
+    assert e["metrics"]["ncu_dram_read_bytes"]["machines"] == ["gpu-eeeeeeeeeeee"]
+    assert e["metrics"]["ncu_dram_read_bytes"]["independent_runs"] == 3
+
+
+def test_promote_says_which_metric_a_measured_run_lacked_and_drops_it(tmp_path, capsys):
+    committed = _committed_file(tmp_path)
+    runs = [_counted_run_file(tmp_path, f"run-{i}.json", "gpu-eeeeeeeeeeee", i != 2) for i in (1, 2, 3)]
+    root = tmp_path / "baselines"
+    capsys.readouterr()
+    assert main(["baselines", "promote", str(committed), *map(str, runs), "--case", COPY,
+                 "--baseline-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert (f"  ! ncu_dram_read_bytes dropped from 1 case ({COPY}): not measured in {runs[1]}, a measured run "
+            "(a metric is kept when every measured run among the sources measured it") in out
+    e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
+    assert set(e["metrics"]) == {"copy_GBps"} and len(e["machines"]) == 5

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from moebench.baselines.compare import Verdict, compare_case, compare_metric
+from moebench.baselines.compare import Recorders, Verdict, compare_case, compare_metric
 from moebench.baselines.rules import rule_of
 from moebench.core.kinds import further_machine_factor
 from moebench.core.metrics import Metric
@@ -71,3 +71,13 @@ def test_the_verdict_line_the_results_file_and_the_stored_rule_say_what_the_spre
     assert "machines 2.8% (1.9% over 4)" in fmt_rule(rule_of(stored, 4))
     assert rule_of(stored, 4).lets_through(other_machine=True) == pytest.approx(2 * 0.019 * further_machine_factor(4))
     assert "machines 1.9%)" in fmt_rule(rule_of(stored))  # no count: the half range as measured
+
+
+def test_a_metric_with_recorders_of_its_own_is_gated_with_them_and_the_others_with_the_entry_s():
+    # a counter counted on two machines beside a time of five: on one of the five that did not count it, the
+    # counter is another machine's (its two machines' half range widened x3.05), the time this machine's own
+    stored = {"t": ms(100.0, noise_machines=0.01), "cnt": ms(100.0, noise_machines=0.01)}
+    measured = {"t": ms(106.0), "cnt": ms(106.0)}
+    c = compare_case(measured, stored, other_machine=False, machines=5, recorders={"cnt": Recorders(True, 2)})
+    assert (c["t"].other_machine, c["t"].verdict) == (False, Verdict.REGRESSION)
+    assert (c["cnt"].other_machine, c["cnt"].machines, c["cnt"].verdict) == (True, 2, Verdict.AMBIGUOUS)

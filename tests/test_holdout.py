@@ -8,6 +8,7 @@ import json
 import pytest
 
 from moebench.baselines.compare import Verdict
+from moebench.baselines.combine import half_range
 from moebench.baselines.holdout import false_verdicts, hold_out
 from moebench.baselines.store import dumps, family_path, merge_entries
 from moebench.cli.main import main
@@ -87,3 +88,24 @@ def test_a_held_out_machine_is_gated_with_the_spread_the_others_predict_for_one_
     c = rows["d"].comparisons["graph_us"]
     assert (c.machines, c.measured_machine_spread) == (3, pytest.approx(0.02))
     assert rows["d"].verdict == Verdict.PASS
+
+
+def counted(value, machine, count):
+    """A run of `machine` that also counted the DRAM bytes (`count`)."""
+    r = run(value, machine)
+    r["metrics"]["ncu_dram_read_bytes"] = {"value": count, "unit": "B", "direction": "lower", "rel_tol": 0.01,
+                                           "noise": 0.0, "n": 1, "kind": "device_counter"}
+    return r
+
+
+def test_a_counter_the_stored_source_predates_is_held_out_with_the_spread_of_its_own_machines():
+    # a stored entry of three machines (time only) and counted runs of d, e and f: f held out, its counter is
+    # gated against d and e's (as promote would combine them), widened for a third of two machines (x3.05:
+    # +2.0% inside 2 x 1.5%), not of the entry's five (x1.27, +2.0% a false REGRESSION)
+    committed = {**run(100.0, "a"), "machines": ["a", "b", "c"], "independent_runs": 3}
+    runs = {KEY: [committed, counted(100.0, "d", 100.0), counted(100.0, "e", 101.0), counted(100.0, "f", 102.5)]}
+    rows = {r.machine: r for r in hold_out(runs, {}, {KEY: [True, False, False, False]})}
+    c = rows["f"].comparisons["ncu_dram_read_bytes"]
+    assert (c.machines, c.measured_machine_spread) == (2, pytest.approx(half_range([100.0, 101.0]), abs=1e-6))
+    assert c.verdict is Verdict.AMBIGUOUS
+    assert rows["f"].comparisons["graph_us"].machines == 5

@@ -259,3 +259,51 @@ def test_the_entrys_machine_count_widens_the_spread_a_further_machine_is_gated_w
     assert r.verdict is Verdict.AMBIGUOUS
     assert r.comparisons["lat"].machines == 4
     assert s.rows[-1].note.endswith("(spread between machines 2.8% (1.9% over 4))")
+
+
+class Counted:
+    """measure(): the time `lat` and a counter `cnt`, each at its prepared value (noise 0)."""
+
+    def __init__(self, lat: float, cnt: float) -> None:
+        self.lat, self.cnt = lat, cnt
+
+    def __call__(self) -> dict[str, Metric]:
+        return {"lat": Metric.from_samples([self.lat] * 3, "us", "lower"),
+                "cnt": Metric.from_samples([self.cnt] * 3, "B", "lower")}
+
+
+COUNTER_MACHINE = "gpu-eeeeeeeeeeee"
+
+
+def counted_entry(cnt_machines=(COUNTER_MACHINE,)) -> BaselineSet:
+    """k[1]: `lat` recorded on this test's machine and three others, `cnt` on `cnt_machines` alone (the
+    counters of one new machine promoted beside a time of four)."""
+    four = ("cpu-000000000001", "gpu-bbbbbbbbbbbb", "gpu-cccccccccccc", "gpu-dddddddddddd")
+    base = baseline_set({"lat": 100.0, "cnt": 100.0}, machines=four + (COUNTER_MACHINE,))
+    base.docs["gemm"]["entries"]["k[1]"]["metrics"]["cnt"]["machines"] = list(cnt_machines)
+    return base
+
+
+def test_a_machine_that_recorded_the_time_but_not_the_counter_gates_the_counter_as_another_machine_s():
+    # +8% on both: the time on its recording machine is a REGRESSION; the counter, recorded elsewhere, gets
+    # the assumed 5% between machines (its kind not said) and reads AMBIGUOUS
+    r = record(state(counted_entry()), Counted(108.0, 108.0))
+    lat, cnt = r.comparisons["lat"], r.comparisons["cnt"]
+    assert (lat.other_machine, cnt.other_machine) == (False, True)
+    assert (lat.verdict, cnt.verdict) == (Verdict.REGRESSION, Verdict.AMBIGUOUS)
+
+
+def test_the_machine_that_recorded_the_counter_gates_it_as_its_own():
+    r = record(state(counted_entry(), fingerprint={**HERE, "machine_id": COUNTER_MACHINE}), Counted(100.0, 108.0))
+    assert r.comparisons["cnt"].other_machine is False and r.comparisons["cnt"].verdict is Verdict.REGRESSION
+    assert r.comparisons["lat"].other_machine is False
+
+
+def test_a_counter_of_two_machines_is_widened_for_a_further_one_by_its_own_count():
+    # the counter's two machines within +-1%: on a machine outside them the band is 3.05 x 1% (two machines),
+    # not 1.14 x 1% (the entry's six), so +6% reads AMBIGUOUS (a REGRESSION by the entry's count)
+    base = counted_entry((COUNTER_MACHINE, "gpu-ffffffffffff"))
+    base.docs["gemm"]["entries"]["k[1]"]["machines"].append("gpu-ffffffffffff")
+    base.docs["gemm"]["entries"]["k[1]"]["metrics"]["cnt"]["noise_machines"] = 0.01
+    r = record(state(base), Counted(100.0, 106.0))
+    assert r.comparisons["cnt"].machines == 2 and r.comparisons["cnt"].verdict is Verdict.AMBIGUOUS

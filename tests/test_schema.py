@@ -230,3 +230,41 @@ def test_an_entry_naming_its_machine_loads_with_it(tmp_path, valid_doc):
     bs = BaselineSet.load(tmp_path, HW)
     assert bs.fingerprint("gemm", "fake[a]") == fp
     assert bs.fingerprint("gemm", "fake[b]") == valid_doc["fingerprint"], "an entry naming none: the header's"
+
+
+def _with_own_machines(doc: dict, own, runs=None) -> None:
+    """fake[a] as an entry of two machines and 4 runs whose latency_us names its own machines (and runs)."""
+    doc["entries"]["fake[a]"].update(machines=["gpu-a", "gpu-b"], independent_runs=4)
+    doc["entries"]["fake[a]"]["metrics"]["latency_us"]["machines"] = own
+    if runs is not None:
+        doc["entries"]["fake[a]"]["metrics"]["latency_us"]["independent_runs"] = runs
+
+
+def test_a_metric_naming_machines_of_its_entry_loads_with_them(tmp_path, valid_doc):
+    _with_own_machines(valid_doc, ["gpu-b"], 3)
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    entry = BaselineSet.load(tmp_path, HW).entry("gemm", "fake[a]")
+    assert entry.machines_of("latency_us") == ("gpu-b",) and entry.machines == ("gpu-a", "gpu-b")
+    assert entry.measured_on("gpu-a") and not entry.measured_on("gpu-a", "latency_us")
+
+
+@pytest.mark.parametrize("own, runs, what", [
+    (["gpu-z"], None, "names 'gpu-z', not one of the entry's machines (['gpu-a', 'gpu-b'])"),
+    ([], None, "must be a non-empty list of machine ids, got []"),
+    (["gpu-a", ""], None, "must be a non-empty list of machine ids"),
+    ("gpu-a", None, "must be a non-empty list of machine ids, got 'gpu-a'"),
+    (["gpu-a"], 5, "5 is more than the entry's independent_runs (4)"),
+    (["gpu-a"], 0, "must be an integer >= 1, got 0"),
+])
+def test_a_metric_s_own_machines_are_checked_against_its_entry_naming_the_field(tmp_path, valid_doc, own, runs, what):
+    _with_own_machines(valid_doc, own, runs)
+    path = family_path(tmp_path, HW, "gemm")
+    path.parent.mkdir(parents=True)
+    path.write_text(dumps(valid_doc))
+    with pytest.raises(BaselineError) as e:
+        BaselineSet.load(tmp_path, HW)
+    field = f"{A}.metrics.latency_us.{'machines' if runs is None else 'independent_runs'}"
+    _assert_one_line(e.value, path, field)
+    assert what in str(e.value)

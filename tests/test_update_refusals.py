@@ -86,6 +86,18 @@ def test_a_kernel_time_whose_machines_agree_within_1pct_gates_at_3pct(between, m
     assert ("tol_rule" in out["metrics"]["graph_us"]) == (expected == 0.03 and between is not None)
 
 
+@pytest.mark.parametrize("own, expected", [
+    (THREE[:2], 0.05),  # a kernel time recorded on two of the entry's four machines: too few for the rule
+    (THREE, 0.03),      # on three of them: the rule's 3%
+    (None, 0.03),       # naming none: the entry's four
+])
+def test_the_tight_rule_counts_the_machines_of_the_metric_not_of_its_entry(own, expected):
+    m = {"value": 24.3, "unit": "us", "direction": "lower", "rel_tol": 0.05, "noise": 0.003, "n": 40,
+         "kind": "device_kernel", "noise_machines": 0.004, **({"machines": own} if own else {})}
+    out, _ = prepare_entry("gemm[x]", {"metrics": {"graph_us": m}, "machines": THREE + ["gpu-d"]}, None)
+    assert out["metrics"]["graph_us"]["rel_tol"] == expected
+
+
 def test_the_report_page_says_what_was_not_written():
     # ci/nightly.sh passes the plugin's "NOT written" / "not gating" lines with --note; the page shows them
     from moebench.outputs.report_page import Page, index_html, index_markdown

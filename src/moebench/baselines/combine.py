@@ -11,6 +11,14 @@ the median of its machines' medians (on one machine, of its runs' values), and t
   their range over the median), which the gate uses on any other machine of the kind; a source combined
   before over several machines keeps its own spread, so adding a machine never narrows it.
 
+A source is a measured run (a results file) or stored (a baseline file or a proposal, whose entries may
+predate a metric). A metric is kept when every measured run among the sources has it, over the sources
+that have it: counters counted on one new machine, promoted with the committed file whose time entries
+span four, keep those four machines' time and store the counters as measured on the one (the metric's own
+`machines` and `independent_runs`, written only where they differ from the entry's). A metric a measured
+run lacks is left out (a case that no longer measures it, or runs without --counters beside counted ones):
+metrics_left_out says which, for the caller to say so.
+
 Pure functions over entry dicts (the baseline file's own form): no I/O.
 """
 
@@ -20,6 +28,7 @@ import statistics
 from collections import defaultdict
 from typing import Sequence
 
+from moebench.baselines.rules import metric_machines, metric_runs
 from moebench.baselines.schema import BaselineError
 
 
@@ -91,26 +100,77 @@ def _provenance(entries: Sequence[dict], runs: int) -> dict:
     return out
 
 
-def combine_entries(entries: Sequence[dict], where: str) -> dict:
+def _stored_flags(entries: Sequence[dict], stored: Sequence[bool] | None, where: str) -> list[bool]:
+    """Which entries come from stored sources (None: none, every entry a measured run)."""
+    if stored is None:
+        return [False] * len(entries)
+    if len(stored) != len(entries):
+        raise BaselineError(f"{where}: {len(stored)} source kinds for {len(entries)} runs")
+    return [bool(s) for s in stored]
+
+
+def _names_in_order(entries: Sequence[dict]) -> list[str]:
+    """Every metric name of the entries, in the order they first appear."""
+    return list(dict.fromkeys(n for e in entries for n in e["metrics"]))
+
+
+def metrics_left_out(entries: Sequence[dict], stored: Sequence[bool] | None = None,
+                     where: str = "") -> dict[str, tuple[int, ...]]:
+    """The metrics combine_entries leaves out, each with the positions (in `entries`) of the measured runs
+    that lack it; `stored[i]`: entries[i] comes from a stored source (a baseline file or a proposal), which
+    may lack a metric recorded after it (None: every entry is a measured run)."""
+    flags = _stored_flags(entries, stored, where)
+    out = {}
+    for name in _names_in_order(entries):
+        lacking = tuple(i for i, e in enumerate(entries) if not flags[i] and name not in e["metrics"])
+        if lacking:
+            out[name] = lacking
+    return out
+
+
+def _metric_group(entry: dict, metric: dict) -> str:
+    """The machine group a source's metric counts as: the machines that recorded that metric (a source
+    combined before over several machines is one group of its own, not its first machine's run)."""
+    return "+".join(sorted(metric_machines(entry, metric) or ["unknown"]))
+
+
+def _recorders(sources: Sequence[dict], name: str) -> tuple[list[str], int]:
+    """The machines (sorted) and the independent runs of a metric over the sources that have it."""
+    machines = sorted({m for e in sources for m in (metric_machines(e, e["metrics"][name]) or ["unknown"])})
+    runs = sum(int(metric_runs(e, e["metrics"][name]) or 1) for e in sources)
+    return machines, runs
+
+
+def combine_entries(entries: Sequence[dict], where: str, stored: Sequence[bool] | None = None) -> dict:
     """One entry from the same case's entries of separate runs (each naming its machines and independent
-    runs; an entry naming none counts as one run on an unknown machine). Metrics measured in every run
-    are kept. Raises BaselineError naming `where` (the case) when the runs are not of one case."""
+    runs; an entry naming none counts as one run on an unknown machine). `stored[i]`: entries[i] comes from
+    a stored source (a baseline file or a proposal) rather than a measured run (None: every entry is a
+    measured run). A metric is kept when every measured run has it, combined over the entries that have it;
+    one measured by fewer than all of them names its own `machines` and `independent_runs` where they differ
+    from the entry's (metrics_left_out says which are left out). Raises BaselineError naming `where` (the
+    case) when the runs are not of one case."""
     if not entries:
         raise BaselineError(f"{where}: no run to combine")
     if len(entries) == 1:
         return dict(entries[0])
     def_hash = _same(entries, lambda e: e["definition_hash"], "the case definition (definition_hash)", where)
-    # an entry of several machines (combined before) is one group of its own, not its first machine's run
-    machine_of = ["+".join(sorted(e.get("machines") or ["unknown"])) for e in entries]
-    names = [n for n in entries[0]["metrics"] if all(n in e["metrics"] for e in entries)]
-    metrics = {n: _metric(n, [(mach, e["metrics"][n]) for mach, e in zip(machine_of, entries)], f"{where} {n}")
-               for n in names}
+    left_out = metrics_left_out(entries, stored, where)
+    sources = {n: [e for e in entries if n in e["metrics"]] for n in _names_in_order(entries) if n not in left_out}
+    metrics = {n: _metric(n, [(_metric_group(e, e["metrics"][n]), e["metrics"][n]) for e in es], f"{where} {n}")
+               for n, es in sources.items()}
     if not metrics:
-        raise BaselineError(f"{where}: no metric was measured in every run")
+        raise BaselineError(f"{where}: no metric was measured in every measured run")
     runs = sum(int(e.get("independent_runs") or 1) for e in entries)
     out = {"definition_hash": def_hash, "metrics": metrics, "provenance": _provenance(entries, runs),
            "machines": sorted({m for e in entries for m in (e.get("machines") or ["unknown"])}),
            "independent_runs": runs}
+    for name, es in sources.items():
+        # said only where it differs from the entry's, so an entry whose metrics share its sources keeps its form
+        own_machines, own_runs = _recorders(es, name)
+        if own_machines != out["machines"]:
+            metrics[name]["machines"] = own_machines
+        if own_runs != runs:
+            metrics[name]["independent_runs"] = own_runs
     gpus = {g["uuid"]: g for e in entries for g in (e.get("gpus") or ())}
     if gpus:  # the GPUs of every run (`moebench aa --per-gpu --promote`: each GPU of the box)
         out["gpus"] = [gpus[u] for u in sorted(gpus)]

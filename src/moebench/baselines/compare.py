@@ -192,13 +192,27 @@ def slowdown(value: float, baseline: float, direction: str) -> float:
     return (baseline - value) / value if value > 0 else float("inf")
 
 
+@dataclass(frozen=True)
+class Recorders:
+    """Who recorded a stored metric, as the gate reads it: whether the measuring machine is not one of them
+    (other_machine) and how many machines they were (0: not said)."""
+
+    other_machine: bool = False
+    machines: int = 0
+
+
 def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | None, *, stale: bool = False,
                  env_mismatch: bool = False, throttled: bool = False,
-                 other_machine: bool = False, other_gpu: str = "", machines: int = 0) -> dict[str, Comparison]:
+                 other_machine: bool = False, other_gpu: str = "", machines: int = 0,
+                 recorders: Mapping[str, Recorders] | None = None) -> dict[str, Comparison]:
     """Every gated metric of a measurement against a stored entry's metrics (None: no entry at all;
-    machines: how many machines recorded it). The one comparison loop: the in-run gate and `moebench
-    compare` both call it, so they cannot disagree."""
+    other_machine: the measuring machine recorded none of the entry; machines: how many machines recorded
+    it). A metric in `recorders` is gated with its own instead: a metric that names its own machines (a
+    counter counted on one machine beside a time of four) is another machine's on the three that recorded
+    only the time. The one comparison loop: the in-run gate and `moebench compare` both call it, so they
+    cannot disagree."""
     out: dict[str, Comparison] = {}
+    whole = Recorders(other_machine, machines)
     for name, metric in measured.items():
         if not metric.gated:
             continue
@@ -206,8 +220,9 @@ def compare_case(measured: Mapping[str, Metric], stored: Mapping[str, Metric] | 
         if stored is not None and base is None:
             out[name] = Comparison(Verdict.NEW, metric.value, reason="metric not in the stored entry")
             continue
+        own = (recorders or {}).get(name, whole)
         out[name] = compare_metric(metric, base, stale=stale, env_mismatch=env_mismatch, throttled=throttled,
-                                   other_machine=other_machine, other_gpu=other_gpu, machines=machines)
+                                   other_machine=own.other_machine, other_gpu=other_gpu, machines=own.machines)
     return out
 
 

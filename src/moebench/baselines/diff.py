@@ -6,16 +6,21 @@ case or metric no longer gated), a wider tolerance (rel_tol up), a wider noise b
 reads a change inside NOISE_FACTOR x noise as AMBIGUOUS), a metric no longer gated, or a flipped
 direction (worse then reads better); a gate set to "cliff" or "none", a wider or removed spread between
 machines, a kind whose assumed spread is wider, and a machine dropped from `machines` (it then gates
-with the spread between machines): each was once an edit that let a -90% regression pass unflagged. A stored noise of 50 switched the gate off for a case, and the diff
-of the time said "0 changed": every field is compared here, also ones this code does not know.
+with the spread between machines): each was once an edit that let a -90% regression pass unflagged. A
+stored noise of 50 switched the gate off for a case, and the diff of the time said "0 changed": every
+field is compared here, also ones this code does not know.
+
+A metric that names its own `machines` (measured on fewer than its entry: rules.metric_machines) is judged
+by those: gaining, changing or losing them loosens the gate where a machine that recorded it no longer
+counts as one, and its spread between machines is judged over its own machines.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from moebench.baselines.rules import rule_of
+from moebench.baselines.rules import metric_machines, rule_of
 
 Key = tuple[str, str, str]  # (hardware key, family, case key)
 
@@ -41,14 +46,26 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any], machines: tuple[int, int]) -> str:
-    """Why changing a stored metric's `field` (old and new: the whole metric; machines: how many machines
-    each side's entry names) loosens the gate, or "". The tolerance, gate, spread between machines and kind
-    are judged by the rule they make (rules.rule_of: a half range over fewer machines is a wider spread for
-    a further one), so a field edit counts by what the gate then lets through, not by the number's size."""
+def _machines_gone(old: Sequence[str], new: Sequence[str], what: str) -> str:
+    """Why recorders dropped from `old` to `new` loosen the gate, or "" when none was dropped: a machine no
+    longer named as one that recorded `what` gates with the spread between machines there."""
+    gone = sorted(set(old) - set(new))
+    if not gone:
+        return ""
+    return (f"{', '.join(gone)} no longer named as recording: the spread between machines applies there "
+            f"instead of {what}")
+
+
+def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any],
+                   recorders: tuple[Sequence[str], Sequence[str]]) -> str:
+    """Why changing a stored metric's `field` (old and new: the whole metric; recorders: the machines that
+    recorded each side, rules.metric_machines) loosens the gate, or "". The tolerance, gate, spread between
+    machines and kind are judged by the rule they make (rules.rule_of: a half range over fewer machines is a
+    wider spread for a further one), so a field edit counts by what the gate then lets through, not by the
+    number's size."""
     o, n = old.get(field), new.get(field)
     bigger = isinstance(o, (int, float)) and isinstance(n, (int, float)) and n > o
-    ro, rn = rule_of(old, machines[0]), rule_of(new, machines[1])
+    ro, rn = rule_of(old, len(recorders[0])), rule_of(new, len(recorders[1]))
     if field == "rel_tol" and rn.rel_tol > ro.rel_tol:
         return "wider tolerance"
     if field == "gate" and rn.rel_tol > ro.rel_tol:
@@ -63,6 +80,8 @@ def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any], m
         if n is None:
             return f"spread between machines removed: {_pct(rn.machine_spread)} assumed (was {_pct(o)})"
         return "wider spread between machines"
+    if field == "machines":  # the metric's own recorders, gained, changed or lost (its entry's stand in)
+        return _machines_gone(recorders[0], recorders[1], "the metric's noise")
     if field == "direction":
         return "direction flipped: worse reads better"
     if field == "gated" and o is not False and n is False:
@@ -71,15 +90,15 @@ def _metric_looser(field: str, old: Mapping[str, Any], new: Mapping[str, Any], m
 
 
 def metric_changes(key: Key, name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None,
-                   machines: tuple[int, int] = (0, 0)) -> list[Change]:
-    """Every field of one stored metric that differs; value first, then the others by name (machines: how
-    many machines the old and the new entry name)."""
+                   recorders: tuple[Sequence[str], Sequence[str]] = ((), ())) -> list[Change]:
+    """Every field of one stored metric that differs; value first, then the others by name (recorders: the
+    machines that recorded the old and the new metric, rules.metric_machines)."""
     if old is None:
         return [Change(key, name, "added", None, dict(new or {}))]
     if new is None:
         return [Change(key, name, "removed", dict(old), None, "metric no longer gated")]
     fields = sorted(set(old) | set(new), key=lambda f: (f != "value", f))
-    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old, new, machines))
+    return [Change(key, name, f, old.get(f), new.get(f), _metric_looser(f, old, new, recorders))
             for f in fields if old.get(f) != new.get(f)]
 
 
@@ -87,10 +106,7 @@ def _entry_looser(field: str, old: Any, new: Any) -> str:
     """Why changing an entry's own `field` loosens the gate, or "": a machine no longer named as one that
     recorded it gates with the spread between machines (the entry's, or its kind's assumed one)."""
     if field == "machines":
-        gone = sorted(set(old or ()) - set(new or ()))
-        if gone:
-            return (f"{', '.join(gone)} no longer named as recording: the spread between machines applies there "
-                    "instead of the entry's noise")
+        return _machines_gone(old or (), new or (), "the entry's noise")
     return ""
 
 
@@ -103,8 +119,8 @@ def entry_changes(key: Key, old: Mapping[str, Any] | None, new: Mapping[str, Any
     out: list[Change] = []
     om, nm = old.get("metrics") or {}, new.get("metrics") or {}
     for name in sorted(set(om) | set(nm)):
-        out += metric_changes(key, name, om.get(name), nm.get(name),
-                              (len(old.get("machines") or ()), len(new.get("machines") or ())))
+        o, n = om.get(name), nm.get(name)
+        out += metric_changes(key, name, o, n, (metric_machines(old, o or {}), metric_machines(new, n or {})))
     if old.get("definition_hash") != new.get("definition_hash"):
         out.append(Change(key, None, "definition_hash", old.get("definition_hash"), new.get("definition_hash")))
     for f in sorted((set(old) | set(new)) - set(_ENTRY_SPECIAL)):

@@ -21,6 +21,7 @@ from typing import Mapping, Sequence
 from moebench.baselines.combine import combine_entries
 from moebench.baselines.compare import Comparison, Verdict, case_verdict, compare_metric
 from moebench.baselines.record import prepare_entry
+from moebench.baselines.rules import metric_machines
 from moebench.baselines.schema import validate_metric
 
 FALSE = (Verdict.REGRESSION, Verdict.IMPROVEMENT)
@@ -43,28 +44,41 @@ class HeldOut:
     others: int  # machines the entry was combined from
 
 
-def hold_out(runs: Mapping[str, Sequence[dict]], stored: Mapping[str, dict]) -> list[HeldOut]:
+def hold_out(runs: Mapping[str, Sequence[dict]], stored: Mapping[str, dict],
+             from_stored: Mapping[str, Sequence[bool]] | None = None) -> list[HeldOut]:
     """For each case (`runs`: key -> its entries from every source) and each of its machine groups with
     at least two others beside it, that group's runs gated against the other groups' combined entry
-    (prepared over `stored[key]`, the entry in the baseline file now, if any). Cases measured on fewer
-    than three machine groups are left out: one machine left over has no spread between machines to test."""
+    (prepared over `stored[key]`, the entry in the baseline file now, if any). `from_stored[key][i]`: the
+    i-th of runs[key] comes from a stored baseline file or a proposal, which may predate a metric (as
+    promote combines them; none given: every run is a measured one). Cases measured on fewer than three
+    machine groups are left out: one machine left over has no spread between machines to test."""
     out: list[HeldOut] = []
     for key in sorted(runs):
-        groups: dict[str, list[dict]] = {}
-        for e in runs[key]:
-            groups.setdefault(machine_group(e), []).append(e)
+        kinds = (from_stored or {}).get(key) or [False] * len(runs[key])
+        groups: dict[str, list[tuple[dict, bool]]] = {}
+        for e, is_stored in zip(runs[key], kinds, strict=True):
+            groups.setdefault(machine_group(e), []).append((e, is_stored))
         if len(groups) < 3:
             continue
         for machine in sorted(groups):
-            rest = [e for g, es in groups.items() if g != machine for e in es]
-            entry, _ = prepare_entry(key, combine_entries(rest, key), stored.get(key))
-            baseline = {n: validate_metric(m, key, f"{key}.{n}") for n, m in entry["metrics"].items()}
-            for run in groups[machine]:
-                comps = {n: compare_metric(validate_metric(m, key, f"{key}.{n}"), baseline[n], other_machine=True,
-                                           machines=len(entry.get("machines") or ()))
-                         for n, m in run["metrics"].items() if n in baseline}
-                out.append(HeldOut(machine, key, case_verdict(comps), comps, len(groups) - 1))
+            rest = [pair for g, pairs in groups.items() if g != machine for pair in pairs]
+            combined = combine_entries([e for e, _ in rest], key, [s for _, s in rest])
+            entry, _ = prepare_entry(key, combined, stored.get(key))
+            out += [_held_out_run(machine, key, run, entry, len(groups) - 1) for run, _ in groups[machine]]
     return out
+
+
+def _held_out_run(machine: str, key: str, run: dict, entry: dict, others: int) -> HeldOut:
+    """One held-out run gated against the entry the others make, on a machine that recorded none of it,
+    each metric with the spread of the machines that recorded that metric (rules.metric_machines)."""
+    comps = {}
+    for n, m in run["metrics"].items():
+        if n not in entry["metrics"]:
+            continue
+        stored = entry["metrics"][n]
+        comps[n] = compare_metric(validate_metric(m, key, f"{key}.{n}"), validate_metric(stored, key, f"{key}.{n}"),
+                                  other_machine=True, machines=len(metric_machines(entry, stored)))
+    return HeldOut(machine, key, case_verdict(comps), comps, others)
 
 
 def false_verdicts(rows: Sequence[HeldOut]) -> list[tuple[HeldOut, str, Comparison]]:

@@ -9,8 +9,9 @@ applies it:
 - a metric whose noise is too wide to gate (over NOISE_MAX: a loaded 2-core box read 0.55-1.3) stores
   `gate: "none"`: its value is kept and it always compares AMBIGUOUS, and a line says how to gate it
   (the schema refused such an entry, and with it every other entry of its file);
-- a device kernel time whose measured spread between three or more machines is within 1% gates at 3%
-  (kinds.ruled_rel_tol), marked `tol_rule: "tight"` so that a later promotion sets it again from its data;
+- a device kernel time whose measured spread between three or more machines (of that metric: a metric
+  naming its own `machines` counts those) is within 1% gates at 3% (kinds.ruled_rel_tol), marked
+  `tol_rule: "tight"` so that a later promotion sets it again from its data;
 - a stored rel_tol wider than the case's own is a reviewer's and is kept (and said, by
   store.looser_tolerances_kept); one at most the case's own is kept when tighter than the rule's.
 
@@ -24,6 +25,7 @@ from typing import Any, Mapping
 
 from moebench.baselines.compare import CLIFF
 from moebench.baselines.entry_change import EntryChange
+from moebench.baselines.rules import metric_machines
 from moebench.baselines.schema import NOISE_MAX
 from moebench.core.kinds import ruled_rel_tol
 
@@ -33,9 +35,10 @@ TOL_RULE_TIGHT = "tight"
 
 def choose_rel_tol(new: Mapping[str, Any], stored: Mapping[str, Any] | None, machines: int) -> float:
     """The rel_tol a recorded metric stores: CLIFF for a cliff; else the rule's (kinds.ruled_rel_tol, for
-    an entry of `machines` machines) over the case's own, a stored one kept when it is wider than the
-    case's own (a reviewer's) or tighter. A stored one the rule set (`tol_rule`) is the rule's to set again
-    from the new spread, not a reviewer's to keep: a third machine that disagrees must be able to undo it."""
+    a metric recorded on `machines` machines: rules.metric_machines) over the case's own, a stored one kept
+    when it is wider than the case's own (a reviewer's) or tighter. A stored one the rule set (`tol_rule`)
+    is the rule's to set again from the new spread, not a reviewer's to keep: a third machine that
+    disagrees must be able to undo it."""
     if new.get("gate") == "cliff":
         return CLIFF
     own = float(new["rel_tol"])
@@ -64,9 +67,11 @@ def prepare_entry(key: str, entry: dict, stored: Mapping[str, Any] | None) -> tu
             continue
         before = m["rel_tol"]
         m.pop("tol_rule", None)  # a source's mark says what the rule did there, not here
-        m["rel_tol"] = choose_rel_tol(m, old.get(name), len(out.get("machines") or ()))
-        if m["rel_tol"] < before and m["rel_tol"] == ruled_rel_tol(
-                m.get("kind"), before, m.get("noise_machines"), len(out.get("machines") or ())):
+        # the metric's own machines: a kernel time measured on one of the entry's four has no spread of three
+        machines = len(metric_machines(out, m))
+        m["rel_tol"] = choose_rel_tol(m, old.get(name), machines)
+        if m["rel_tol"] < before and m["rel_tol"] == ruled_rel_tol(m.get("kind"), before, m.get("noise_machines"),
+                                                                   machines):
             m["tol_rule"] = TOL_RULE_TIGHT  # what set it, for the next promotion and the reviewer
         stored_tol = (old.get(name) or {}).get("rel_tol")
         if m["rel_tol"] < before and m["rel_tol"] != stored_tol and m.get("gate") != "cliff":

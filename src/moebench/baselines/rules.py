@@ -2,7 +2,8 @@
 metric, and what the diff compares to tell a looser gate from a tighter one.
 
 compare.compare_metric applies these rules to a measurement; here they are read from the stored metric
-alone (the entry's own `gate`, `rel_tol`, `noise`, `noise_machines` and `kind`), as a reviewer sees it.
+alone (the entry's own `gate`, `rel_tol`, `noise`, `noise_machines` and `kind`), as a reviewer sees it, with
+the machines that recorded it (metric_machines: the metric's own where it names them, else its entry's).
 Pure: a stored metric's dict in, a GateRule out; the report layer words it (report.fmt_rule).
 """
 
@@ -47,9 +48,23 @@ def _number(x: Any, default: float) -> float:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else default
 
 
+def metric_machines(entry: Mapping[str, Any], metric: Mapping[str, Any]) -> tuple[str, ...]:
+    """The machines that recorded a stored metric: its own `machines` where it names them (a metric measured
+    on fewer machines than its entry: counters counted on one machine beside a time of four, see
+    combine.combine_entries), else its entry's (none: an entry recorded before entries named them)."""
+    return tuple(metric.get("machines") or entry.get("machines") or ())
+
+
+def metric_runs(entry: Mapping[str, Any], metric: Mapping[str, Any]) -> int | None:
+    """The independent runs a stored metric's value is the median of: its own `independent_runs` where it
+    names them, else its entry's (None: recorded before entries said)."""
+    return metric.get("independent_runs", entry.get("independent_runs"))
+
+
 def rule_of(m: Mapping[str, Any], machines: int = 0) -> GateRule:
     """The rule a stored metric gets from its own fields (a field missing reads as the gate's default) and
-    the number of machines its entry names (`machines`: their half range widens for one more machine)."""
+    the number of machines that recorded it (`machines`, len(metric_machines(...)): their half range widens
+    for one more machine)."""
     gate = m.get("gate") if m.get("gate") in ("cliff", "none") else "tolerance"
     tol = {"cliff": CLIFF, "none": math.inf}.get(gate, _number(m.get("rel_tol"), 0.0))
     between = m.get("noise_machines")

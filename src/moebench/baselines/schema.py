@@ -14,7 +14,8 @@ A file `baselines/<hardware-key>/<family>.json`:
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
           "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
                                  "noise_machines"?, "gate"?: "cliff" | "none", "kind"?,
-                                 "tol_rule"?: "tight"}},
+                                 "tol_rule"?: "tight",
+                                 "machines"?: [...], "independent_runs"?: 3}},  # its own, see below
           "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
           "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
           "gpus": [{"index": 3, "uuid": "GPU-..."}],  # which GPUs of them ran a single-GPU case (optional)
@@ -40,9 +41,12 @@ and between its independent runs. `noise_machines` (only for entries recorded on
 is the spread between machines of the kind, which the gate uses on any other machine. Entries recorded
 before `machines` existed name none: every machine is "another machine" for them. `kind` (moebench.core.kinds)
 says what the number is bound by, and so which spread between machines the gate assumes where none was
-measured. `gate`: "cliff" (host-bound: fails only when it doubles; rel_tol then reads 1.0, what the gate
-applies) or "none" (its noise was too wide to gate: the value is kept and always compares AMBIGUOUS; only
-such a metric may store a noise over NOISE_MAX).
+measured. A metric measured on fewer machines or runs than its entry (counters counted on one machine,
+promoted beside a time entry of four: moebench.baselines.combine) names its own `machines` (each one of the
+entry's) and `independent_runs` (at most the entry's); the gate then reads it as recorded on those machines
+alone, and a metric that names none as recorded on all of its entry's. `gate`: "cliff" (host-bound: fails
+only when it doubles; rel_tol then reads 1.0, what the gate applies) or "none" (its noise was too wide to
+gate: the value is kept and always compares AMBIGUOUS; only such a metric may store a noise over NOISE_MAX).
 
 Version 2 (this code) added `kind`, `gate: "none"`, a bound on noise_machines, and reads a rate's
 tolerance as a ratio (compare.slowdown). A version 1 file reads as version 2 (every version 1 file is a
@@ -101,6 +105,10 @@ class _Problems:
 
 def _is_number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_count(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
 
 
 # The largest tolerance a reviewer may store: the value doubling (or a rate halving), a cliff. The widest
@@ -236,8 +244,30 @@ def _check_entry(p: _Problems, entry: Any, path: str, machines: set[str]) -> Non
                f"must be a non-empty list of {{index, uuid}} objects, got {entry['gpus']!r}")
     if "independent_runs" in entry:
         runs = entry["independent_runs"]
-        p.need(isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1, f"{path}.independent_runs",
-               f"must be an integer >= 1, got {runs!r}")
+        p.need(_is_count(runs), f"{path}.independent_runs", f"must be an integer >= 1, got {runs!r}")
+    if isinstance(metrics, dict):
+        for name, m in metrics.items():
+            if isinstance(m, dict):
+                _check_metric_recorders(p, m, entry, f"{path}.metrics.{name}")
+
+
+def _check_metric_recorders(p: _Problems, m: dict, entry: dict, path: str) -> None:
+    """A metric's own `machines` and `independent_runs` (a metric measured on fewer than its entry): machines
+    its entry names (the gate counts a recording machine by them), runs no more than the entry's."""
+    if "machines" in m:
+        own = m["machines"]
+        named = entry.get("machines") if isinstance(entry.get("machines"), list) else []
+        if p.need(isinstance(own, list) and bool(own) and all(isinstance(x, str) and x for x in own),
+                  f"{path}.machines", f"must be a non-empty list of machine ids, got {own!r}"):
+            strangers = [x for x in own if x not in named]
+            p.need(not strangers, f"{path}.machines",
+                   f"names {', '.join(map(repr, strangers))}, not one of the entry's machines ({named!r})")
+    if "independent_runs" in m:
+        runs, whole = m["independent_runs"], entry.get("independent_runs")
+        if p.need(_is_count(runs), f"{path}.independent_runs", f"must be an integer >= 1, got {runs!r}") \
+                and _is_count(whole):
+            p.need(runs <= whole, f"{path}.independent_runs",
+                   f"{runs} is more than the entry's independent_runs ({whole})")
 
 
 def needs_v2(doc: Mapping[str, Any]) -> bool:

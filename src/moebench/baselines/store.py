@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
+from moebench.baselines.compare import Recorders
 from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.record import prepare_entry
 from moebench.baselines.schema import (SCHEMA_VERSION, BaselineError, entry_problems, fingerprint_id, needs_v2,
@@ -147,10 +148,21 @@ class BaselineEntry:
     machines: tuple[str, ...] = ()  # the machines that measured it (none named: recorded before they were)
     independent_runs: int | None = None  # processes / engine instances its values are medians of
     gpus: tuple[dict, ...] = ()  # the GPUs that ran it ({index, uuid}; none named: recorded before they were)
+    # metric -> the machines that recorded it, for a metric that names its own (measured on fewer than the entry)
+    metric_machines: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
-    def measured_on(self, machine: str) -> bool:
-        """Whether `machine` (hardware.machine_id) is one of the machines that recorded this entry."""
-        return machine in self.machines
+    def machines_of(self, metric: str) -> tuple[str, ...]:
+        """The machines that recorded a metric of this entry: its own where it names them, else the entry's."""
+        return self.metric_machines.get(metric) or self.machines
+
+    def measured_on(self, machine: str, metric: str | None = None) -> bool:
+        """Whether `machine` (hardware.machine_id) is one of the machines that recorded this entry (with
+        `metric`: that metric of it)."""
+        return machine in (self.machines_of(metric) if metric is not None else self.machines)
+
+    def recorders(self, machine: str) -> dict[str, Recorders]:
+        """Per stored metric, who recorded it as the gate reads it from `machine` (compare.compare_case)."""
+        return {n: Recorders(not self.measured_on(machine, n), len(self.machines_of(n))) for n in self.metrics}
 
     def other_gpu(self, gpu: Mapping[str, Any] | None) -> str:
         """'' when `gpu` (hardware.own_gpu) is one of the GPUs that recorded this entry, or either names none
@@ -190,7 +202,8 @@ class BaselineSet:
         metrics = {n: validate_metric(m, where, f"entries[{key!r}].metrics.{n}") for n, m in raw["metrics"].items()}
         return BaselineEntry(raw["definition_hash"], metrics, raw["provenance"], dict(raw.get("recorded") or {}),
                              tuple(raw.get("machines") or ()), raw.get("independent_runs"),
-                             tuple(raw.get("gpus") or ()))
+                             tuple(raw.get("gpus") or ()),
+                             {n: tuple(m["machines"]) for n, m in raw["metrics"].items() if m.get("machines")})
 
     def fingerprint(self, family: str, key: str | None = None) -> dict | None:
         """The machine a case's stored entry was recorded on (entry_fingerprint); with no key, or no such

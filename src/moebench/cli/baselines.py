@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
-from moebench.outputs.baseline_lines import change_line, refusal_lines
-from moebench.baselines.combine import combine_entries
+from moebench.outputs.baseline_lines import change_line, left_out_line, refusal_lines
+from moebench.baselines.combine import combine_entries, metrics_left_out
 from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.diff import Change, diff, loosening
 from moebench.baselines.revision import is_revision, load_revision
-from moebench.baselines.rules import rule_of
+from moebench.baselines.rules import metric_machines, metric_runs, rule_of
 from moebench.baselines.store import entry_fingerprint, load_file
 from moebench.baselines.update import merge_files
 from moebench.cli.common import EXIT_FOUND, EXIT_OK, CliError, check_patterns, matcher
@@ -81,6 +83,13 @@ def _recorded_on(doc: dict, keys: list[str]) -> list[str]:
     return [f"  recorded on {what} ({n} {'entry' if n == 1 else 'entries'})" for what, n in counts.items()]
 
 
+def _runs(entry: dict, metric: dict) -> str:
+    """A metric's independent runs x its machines ("3x1"; its own where it names them, else its entry's);
+    "-" for an entry recorded before it said."""
+    runs = metric_runs(entry, metric)
+    return f"{runs}x{len(metric_machines(entry, metric))}" if runs is not None else "-"
+
+
 def cmd_baselines_show(args: argparse.Namespace) -> int:
     """A table of the entries of baseline files, each file introduced by its header."""
     keep = matcher(args.case)
@@ -98,19 +107,23 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
         rows = []
         for k in keys:
             e = doc["entries"][k]
-            # runs: independent runs x machines ("3x1"); "-" for an entry recorded before it said
-            runs = f"{e['independent_runs']}x{len(e.get('machines') or ())}" if "independent_runs" in e else "-"
             for name, m in sorted(e["metrics"].items()):
                 between = m.get("noise_machines")
+                machines = metric_machines(e, m)  # a metric measured on fewer than its entry: its own
                 rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"],
                              fmt_pct(100 * m["rel_tol"]), fmt_pct(100 * m["noise"]),
                              fmt_pct(100 * between) if between is not None else "-",
-                             str(m["n"]), runs, fmt_rule(rule_of(m, len(e.get("machines") or ()))),
+                             str(m["n"]), _runs(e, m), fmt_rule(rule_of(m, len(machines))),
                              _provenance(e["provenance"])])
         print(table(["case", "metric", "value", "better", "rel_tol", "noise", "machines", "n", "runs", "gate",
                      "provenance"], rows, right=(2, 4, 5, 6, 7, 8)))
         print()
     return EXIT_OK
+
+
+def _machine_list(machines: list[str] | None) -> str:
+    """A metric's own `machines` as the diff line shows them ("the entry's" where it names none)."""
+    return ", ".join(machines) if machines else "the entry's"
 
 
 def _describe(c: Change) -> str:
@@ -122,6 +135,8 @@ def _describe(c: Change) -> str:
         text = f"{c.metric} {c.field}" + (f" {fmt_value(c.new['value'], c.new['unit'])}" if c.new else "")
     elif c.field in ("noise", "rel_tol") and all(isinstance(x, (int, float)) for x in (c.old, c.new)):
         text = f"{c.metric} {c.field} {fmt_pct(100 * c.old)} -> {fmt_pct(100 * c.new)}"
+    elif c.field == "machines" and c.metric:  # a metric's own recorders; none named: its entry's stand
+        text = f"{c.metric} machines {_machine_list(c.old)} -> {_machine_list(c.new)}"
     elif c.field == "definition_hash":
         text = "case definition changed"
     elif c.field == "provenance":
@@ -135,7 +150,8 @@ def _rules_changed(old: dict, new: dict, cs: list[Change]) -> list[str]:
     """A line per changed metric saying the gate it gets ("    graph_us gate: rel 5% + ... -> rel 3% + ...")."""
     out = []
     for name in sorted({c.metric for c in cs if c.metric and c.field not in ("added", "removed")}):
-        was, now = (fmt_rule(rule_of(e["metrics"][name], len(e.get("machines") or ()))) for e in (old, new))
+        was, now = (fmt_rule(rule_of(e["metrics"][name], len(metric_machines(e, e["metrics"][name]))))
+                    for e in (old, new))
         out.append(f"    {name} gate: {now}" if was == now else f"    {name} gate: {was} -> {now}")
     return out
 
@@ -170,9 +186,22 @@ def cmd_baselines_diff(args: argparse.Namespace) -> int:
     return EXIT_FOUND if args.exit_code and looser else EXIT_OK
 
 
-def promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
-    """(hardware key, family, fingerprint, {key: entry}, source note) from a results file, a proposed
-    baseline file, or a folder of them (--baseline-propose DIR)."""
+class PromotionSource(NamedTuple):
+    """One file's cases as promote reads them: a results file (a measured run) or a stored one (a proposed
+    baseline file, or a baseline file such as the committed one), whose entries may predate a metric."""
+
+    hardware_key: str
+    family: str
+    fingerprint: dict
+    entries: dict[str, dict]  # case key -> entry (a measured run's with its `_verdict`)
+    note: str  # "measured in PATH" or "proposed in PATH", for the output
+    path: str
+    stored: bool
+
+
+def promotion_source(path: Path) -> list[PromotionSource]:
+    """The sources of a results file, a proposed or stored baseline file, or a folder of them
+    (--baseline-propose DIR)."""
     if path.is_dir():
         files = sorted(path.glob("*.json")) + sorted(path.glob("*/*.json"))
         if not files:
@@ -183,40 +212,68 @@ def promotion_source(path: Path) -> list[tuple[str, str, dict, dict, str]]:
         doc = load_file(path)  # validated, and read again refusing a key named twice
         # each entry takes the machine it was recorded on along (merge_entries reads it from the entry)
         entries = {k: {**e, "fingerprint": entry_fingerprint(doc, e)} for k, e in doc["entries"].items()}
-        return [(doc["hardware_key"], doc["family"], doc["fingerprint"], entries, f"proposed in {path}")]
+        return [PromotionSource(doc["hardware_key"], doc["family"], doc["fingerprint"], entries,
+                                f"proposed in {path}", str(path), stored=True)]
     run = ResultsDoc.from_json(doc, str(path))
     verdicts = {k: c.verdict for k, c in run.cases.items()}
-    return [(run.hardware_key, fam, run.fingerprint,
-             {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}")
+    return [PromotionSource(run.hardware_key, fam, run.fingerprint,
+                            {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}",
+                            str(path), stored=False)
             for fam, entries in sorted(baseline_entries(run).items())]
 
 
-def _combined_sources(paths: list[str], selected) -> list[tuple[str, str, dict, dict, str]]:
+@dataclass
+class LeftOut:
+    """A metric a promotion left out of some cases of one file: those cases, and the measured runs among
+    the sources that did not measure it (combine.metrics_left_out)."""
+
+    cases: list[str] = field(default_factory=list)
+    runs: list[str] = field(default_factory=list)
+
+
+def _combine_cases(parts: list[PromotionSource]) -> tuple[dict[str, dict], dict[str, LeftOut]]:
+    """The cases of several sources of one file, each combined over the sources that have it (its verdict
+    the worst it had), and the metrics left out of them (metric -> LeftOut)."""
+    by_key: dict[str, list[tuple[dict, PromotionSource]]] = {}
+    for src in parts:
+        for k, e in src.entries.items():
+            by_key.setdefault(k, []).append((e, src))
+    merged: dict[str, dict] = {}
+    left_out: dict[str, LeftOut] = {}
+    for k, pairs in by_key.items():
+        entries = [{f: v for f, v in e.items() if f != "_verdict"} for e, _ in pairs]
+        stored = [src.stored for _, src in pairs]  # a stored source may predate a metric; a measured run may not
+        worst = max((e.get("_verdict") for e, _ in pairs if e.get("_verdict")), key=lambda v: -display_rank(v),
+                    default=None)
+        merged[k] = dict(combine_entries(entries, k, stored), **({"_verdict": worst} if worst else {}))
+        for name, lacking in metrics_left_out(entries, stored, k).items():
+            out = left_out.setdefault(name, LeftOut())
+            out.cases.append(k)
+            out.runs.extend(pairs[i][1].path for i in lacking if pairs[i][1].path not in out.runs)
+    return merged, left_out
+
+
+def _combined_sources(paths: list[str], selected) -> tuple[list[tuple[str, str, dict, dict, str]],
+                                                            dict[tuple[str, str], dict[str, LeftOut]]]:
     """The promotion sources of every path, with each (hardware key, family) merged into one: a case in
-    several runs becomes the median of them (combine_entries), its verdict the worst it had. Only the
+    several runs becomes the median of them (combine_entries), its verdict the worst it had; and per
+    (hardware key, family) the metrics left out (a measured run among the sources lacked them). Only the
     `selected(key)` cases are combined: a case left out of the promotion cannot stop it (the torch cases of
     a run whose stored entries are of an older definition, when only the Marlin cases are promoted)."""
-    groups: dict[tuple[str, str], list[tuple[dict, dict, str]]] = {}
+    groups: dict[tuple[str, str], list[PromotionSource]] = {}
     for p in paths:
-        for hw, fam, fp, entries, note in promotion_source(Path(p)):
-            entries = {k: e for k, e in entries.items() if selected(k)}
-            groups.setdefault((hw, fam), []).append((fp, entries, note))
+        for src in promotion_source(Path(p)):
+            chosen = {k: e for k, e in src.entries.items() if selected(k)}
+            groups.setdefault((src.hardware_key, src.family), []).append(src._replace(entries=chosen))
     out = []
+    left_out: dict[tuple[str, str], dict[str, LeftOut]] = {}
     for (hw, fam), parts in groups.items():
         if len(parts) == 1:
-            out.append((hw, fam, *parts[0]))
+            out.append((hw, fam, parts[0].fingerprint, parts[0].entries, parts[0].note))
             continue
-        by_key: dict[str, list[dict]] = {}
-        for _, entries, _ in parts:
-            for k, e in entries.items():
-                by_key.setdefault(k, []).append(e)
-        merged = {}
-        for k, es in by_key.items():
-            worst = max((e.get("_verdict") for e in es if e.get("_verdict")), key=lambda v: -display_rank(v), default=None)
-            merged[k] = dict(combine_entries([{f: v for f, v in e.items() if f != "_verdict"} for e in es], k),
-                             **({"_verdict": worst} if worst else {}))
-        out.append((hw, fam, parts[-1][0], merged, f"{len(parts)} runs: " + ", ".join(n for *_, n in parts)))
-    return out
+        merged, left_out[hw, fam] = _combine_cases(parts)
+        out.append((hw, fam, parts[-1].fingerprint, merged, f"{len(parts)} runs: " + ", ".join(s.note for s in parts)))
+    return out, left_out
 
 
 def cmd_baselines_promote(args: argparse.Namespace) -> int:
@@ -224,12 +281,12 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
     combined) into the baseline folder, through the same locked, validated, atomic merge as
     --baseline-update (update.merge_files)."""
     where = " ".join(args.source)
-    all_keys = [k for p in args.source for *_, entries, _ in promotion_source(Path(p)) for k in entries]
+    all_keys = [k for p in args.source for src in promotion_source(Path(p)) for k in src.entries]
     if not all_keys:
         raise CliError(f"{where}: no case with gated metrics to promote")
     check_patterns(args.case, all_keys, where)
     keep = matcher(args.case) if not args.all else (lambda k: True)
-    sources = _combined_sources(args.source, keep)
+    sources, left_out = _combined_sources(args.source, keep)
     updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:
         chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
@@ -239,6 +296,9 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
         notes[hw, fam] = [f"  ! {k} was {e['_verdict']} in that run: promoting accepts its value"
                           for k, e in sorted(entries.items())
                           if keep(k) and e.get("_verdict") not in (None, Verdict.PASS, Verdict.NEW, Verdict.STALE)]
+        # said, not silent: a metric a measured run lacked is not stored for those cases
+        notes[hw, fam] += [left_out_line(name, lo.cases, lo.runs)
+                           for name, lo in sorted(left_out.get((hw, fam), {}).items())]
         sizes[hw, fam] = (len(chosen), note)
     verb = "would promote" if args.dry_run else "promoted"
     merges = merge_files(updates, root=Path(args.baseline_dir), write=not args.dry_run)

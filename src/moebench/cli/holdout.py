@@ -18,20 +18,22 @@ def cmd_baselines_holdout(args: argparse.Namespace) -> int:
     prepared over the entries in --baseline-dir as promote would; print a tally per machine and every
     false verdict; exit 1 when there is one."""
     where = " ".join(args.source)
-    parts = [(hw, fam, entries) for p in args.source for hw, fam, _, entries, _ in promotion_source(Path(p))]
-    check_patterns(args.case, [k for *_, entries in parts for k in entries], where)
+    parts = [src for p in args.source for src in promotion_source(Path(p))]
+    check_patterns(args.case, [k for src in parts for k in src.entries], where)
     keep = matcher(args.case) if not args.all else (lambda k: True)
     runs: dict[str, list[dict]] = {}
+    from_stored: dict[str, list[bool]] = {}  # as promote combines them: a stored source may predate a metric
     stored: dict[str, dict] = {}
-    for hw, fam, entries in parts:
-        target = family_path(Path(args.baseline_dir), hw, fam)
+    for src in parts:
+        target = family_path(Path(args.baseline_dir), src.hardware_key, src.family)
         now = load_file(target)["entries"] if target.is_file() else {}
-        for k, e in entries.items():
+        for k, e in src.entries.items():
             if keep(k):
                 runs.setdefault(k, []).append({f: v for f, v in e.items() if f != "_verdict"})
+                from_stored.setdefault(k, []).append(src.stored)
                 if k in now:
                     stored[k] = now[k]
-    rows = hold_out(runs, stored)
+    rows = hold_out(runs, stored, from_stored)
     if not rows:
         groups = {machine_group(e) for es in runs.values() for e in es}
         raise CliError(f"{where}: no selected case was measured on 3 or more machines (machines: "

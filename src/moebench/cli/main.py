@@ -292,7 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "SOURCEs are independent runs (separate processes or machines): a case in "
                                      "more than one is stored as the median of its runs, with the spread between "
                                      "them as its noise and, over two or more machines, the spread between machines "
-                                     "(moebench.baselines.combine). Entries not selected keep their bytes; a stored "
+                                     "(moebench.baselines.combine). A SOURCE may be a stored baseline file "
+                                     "(the committed one, to keep its machines): a metric it predates is kept over "
+                                     "the sources that measured it, naming its own machines; a metric a results "
+                                     "file lacks is dropped, and said. Entries not selected keep their bytes; a stored "
                                      "rel_tol is kept; every file is validated before any is written, and each "
                                      "write is atomic."),
                          epilog="example: moebench baselines promote run1.json run2.json run3.json --case 'gemm[kimi-*-triton]'")

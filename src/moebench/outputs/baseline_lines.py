@@ -7,6 +7,7 @@ The gate's side (moebench.baselines: merge_entries, prepare_entry, merge_files) 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from moebench.baselines.entry_change import EntryChange
 from moebench.baselines.update import Merge, merge_files
@@ -49,6 +50,15 @@ def change_line(c: EntryChange | str) -> str:
         return (f"  ~ {k} {m}: rel_tol {fmt_pct(100 * c.before)} -> {fmt_pct(100 * c.after)} (spread between "
                 f"machines {fmt_pct(100 * c.spread)}: a kernel time whose 3 or more machines agree within 1% gates at 3%)")
     raise ValueError(f"{k}: an entry change of no known kind: {c.what!r}")
+
+
+def left_out_line(metric: str, cases: Sequence[str], runs: Sequence[str]) -> str:
+    """The line `baselines promote` prints for a metric it did not store for some cases: measured runs
+    among its sources (`runs`, their paths) did not measure it."""
+    shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
+    return (f"  ! {metric} dropped from {len(cases)} case{'s' if len(cases) != 1 else ''} ({shown}): not measured "
+            f"in {', '.join(runs)}, a measured run (a metric is kept when every measured run among the sources "
+            "measured it; only a stored baseline file or proposal may lack it)")
 
 
 def write_updates(state, *, propose_dir: str | None = None) -> tuple[list[str], list[str]]:

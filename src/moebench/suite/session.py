@@ -86,10 +86,10 @@ class RunState:
     def compare(self, family: str, key: str, def_hash: str, m: Measurement,
                 gpu: dict | None = None) -> tuple[dict[str, Comparison], Verdict, str]:
         """Compare every gated metric of a measurement with the stored entry: with the spread on the
-        recording machine when this is one of the machines that recorded it (and `gpu`, the GPU the case
-        ran on, one of the GPUs that did), else with the spread between machines of the kind. A CPU other
-        than the recording one is named (host-bound numbers follow it), and so is a GPU other than the
-        recording one, whatever the verdict."""
+        recording machine when this is one of the machines that recorded that metric (and `gpu`, the GPU
+        the case ran on, one of the GPUs that did), else with the spread between machines of the kind. A
+        CPU other than the recording one is named (host-bound numbers follow it), and so is a GPU other
+        than the recording one, whatever the verdict."""
         same, why = self.env_mismatch(family, key)
         entry = self.baselines.entry(family, key)
         notes = []
@@ -101,12 +101,15 @@ class RunState:
             notes.append(why)
         else:
             notes.append(hardware.cpu_change(self.baselines.fingerprint(family, key), self.fingerprint))
-        other = bool(entry) and not entry.measured_on(self.fingerprint.get("machine_id", "unknown"))
+        machine = self.fingerprint.get("machine_id", "unknown")
+        other = bool(entry) and not entry.measured_on(machine)
         moved = entry.other_gpu(gpu) if entry and same and not other else ""
+        # per metric: a counter counted on one of the entry's machines is another machine's on the others
         comps = compare_case(m.metrics, entry.metrics if entry else None,
                              stale=bool(entry and entry.definition_hash != def_hash), env_mismatch=not same,
                              throttled=m.throttled, other_machine=other, other_gpu=moved,
-                             machines=len(entry.machines) if entry else 0)
+                             machines=len(entry.machines) if entry else 0,
+                             recorders=entry.recorders(machine) if entry else None)
         verdict = case_verdict(comps)
         if moved:  # said on every row: a moved case's PASS was judged against the wider spread
             notes.append(f"ran on GPU {gpu['index']}, baseline from GPU {moved}: gated as another machine")
