@@ -106,10 +106,14 @@ def compile_kernel(spec: Spec):
     """triton.compile of the spec for TARGET: the compiled kernel, its `asm` holding ttgir, ptx and cubin."""
     fn = spec.fn
     names = list(fn.arg_names)
-    sig, attrs = {}, {}
-    for i, n in enumerate(names):
+    sig, attrs, const = {}, {}, dict(spec.const)
+    for i, (n, p) in enumerate(zip(names, fn.params)):
         if n in spec.const:
             sig[n] = "constexpr"
+        elif p.has_default and n not in spec.ptrs:
+            # an opt-in argument the spec leaves out compiles at its default, as a launch that omits it
+            # does (w4_mma_kernel's PREFETCH_DOWN, w2_ptr=None: off)
+            sig[n], const[n] = "constexpr", p.default
         elif n in spec.ptrs:
             sig[n] = spec.ptrs[n]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -117,7 +121,7 @@ def compile_kernel(spec: Spec):
             sig[n] = "i32"
             if n not in UNALIGNED_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs=dict(spec.const), attrs=attrs)
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=TARGET, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
                                                            **spec.opts))
 
