@@ -172,7 +172,7 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
     out = tmp_path / "split.json"
     seen = []
 
-    def fake_measure(case, device, ceiling, l2, rule, rotations, log):
+    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=()):
         seen.append([c["M"] for c in json.loads(out.read_text())["cases"]])  # what a reader sees now
         log(f"{case.model} M={case.m}: timing")
         if case.m == 2:
