@@ -47,6 +47,17 @@ def test_models_and_ms_narrow_the_selection_in_order_without_repeats():
     assert smoke == [GemmCase("tiny", 32, "fused", 1, "int4-g32", "decode", "triton")]
 
 
+@pytest.mark.parametrize("argv, modes", [
+    ([], ()),                                                   # off unless asked: the split as it was
+    (["--prefetch-down"], ("l2", "evict_last")),                # bare: every mode
+    (["--prefetch-down", "evict_last"], ("evict_last",)),
+    (["--prefetch-down", "evict_last,l2,evict_last"], ("evict_last", "l2")),
+])
+def test_prefetch_down_names_the_modes_to_time_in_order(argv, modes):
+    args, cases = w4_split.parse_args(["--out", "x", "--models", "kimi-k2.5", "--ms", "1"] + argv)
+    assert args.prefetch_down == modes and [c.m for c in cases] == [1]
+
+
 @pytest.mark.parametrize("argv, needle", [
     (["--out", "x", "--models", "kimi"], "--models: unknown model 'kimi' (known: kimi-k2.5, deepseek-v3"),
     (["--out", "x", "--ms", "32"], "--ms: M = 32 is not on the tensor-core int4 decode path (M 1..16"),
@@ -55,6 +66,9 @@ def test_models_and_ms_narrow_the_selection_in_order_without_repeats():
     (["--out", "x", "--ms", ","], "--ms: empty"),
     (["--out", "x", "--smoke", "--ms", "1"], "--smoke runs the tiny preset at M = 1; --models and --ms do not apply"),
     (["--out", "x", "--replays", "0"], "--replays must be >= 1, got 0"),
+    (["--out", "x", "--prefetch-down", "l3"], "--prefetch-down: unknown mode 'l3' (known: l2, evict_last)"),
+    (["--out", "x", "--prefetch-down", "off"], "--prefetch-down: unknown mode 'off' (known: l2, evict_last)"),
+    (["--out", "x", "--prefetch-down", ","], "--prefetch-down: empty"),
     (["--out", "x", "--bogus"], "unrecognized arguments: --bogus"),
     ([], "the following arguments are required: --out"),
 ])
@@ -92,6 +106,17 @@ def test_the_two_launches_bytes_are_the_cases_bytes_plus_the_activations_round_t
     wl = Workload(GemmCase("tiny", 8, "fused", 3, "int4-g32", "decode", "-"), "cpu", 4)
     up, down = rep.kernel_bytes(wl.mean_experts_touched(), wl.M, wl.K, wl.I, wl.topk, "int4-g32")
     assert up + down == pytest.approx(wl.bytes_per_call() + 2 * (wl.M * wl.topk * wl.I * 2))
+
+
+def test_prefetch_summary_from_fake_timings():
+    times = dict(TIMES, up_pf_l2=T(9.7, 0.002), both_pf_l2=T(12.5, 0.002), up_pf_evict_last=T(9.6, 0.002),
+                 both_pf_evict_last=T(14.0, 0.002))
+    p = rep.prefetch_summary(times, "l2")
+    assert p["saved_us"] == pytest.approx(1.57) and p["up_cost_us"] == pytest.approx(0.1)
+    assert p["down_share_us"] == pytest.approx(2.8) and p["significant"] is True
+    assert rep.prefetch_summary(times, "evict_last")["significant"] is False  # 0.07 us of 14.07: under 1%
+    assert rep.prefetch_line("kimi-k2.5", 1, "l2", p) == (
+        "kimi-k2.5 M=1: prefetch l2: both 12.50 us (saves +1.57), up alone 9.70 (+0.10), down's share 2.80")
 
 
 def test_summary_from_fake_timings():
@@ -172,7 +197,7 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
     out = tmp_path / "split.json"
     seen = []
 
-    def fake_measure(case, device, ceiling, l2, rule, rotations, log):
+    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=()):
         seen.append([c["M"] for c in json.loads(out.read_text())["cases"]])  # what a reader sees now
         log(f"{case.model} M={case.m}: timing")
         if case.m == 2:
@@ -221,7 +246,8 @@ class _Recorder:
             a, w, s, ids, tw, out = args[:6]
             self.launches.append({"grid": grid, "a": (tuple(a.shape), a.dtype), "out": (tuple(out.shape), out.dtype),
                                   "storage": [t.data_ptr() for t in (w, s, ids, tw)], "scalars": args[6:],
-                                  "kwargs": kwargs})
+                                  "kwargs": {k: v.data_ptr() if isinstance(v, torch.Tensor) else v
+                                             for k, v in kwargs.items()}})
         return launch
 
 
@@ -275,3 +301,27 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     for step in ("building", "checking", "timing bench", "timing up alone", "timing down alone", "timing both"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
+
+
+def test_the_prefetch_variants_launch_the_backends_launches_with_the_prefetch_alone_added(monkeypatch):
+    """--prefetch-down's up launch is the backend's up launch plus PREFETCH_DOWN and the down launch's own weight
+    and scale stacks; its down launch is the backend's down launch."""
+    case = GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "triton")
+    wl = Workload(GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "-"), "cpu", 1)
+    bench = BACKENDS["triton"].build(case, wl)
+    rec = _Recorder()
+    monkeypatch.setattr(w4_mma, "moebench_w4_mma", rec)
+    _, builds, _ = w4_split.split_builds(wl, ("l2", "evict_last"))
+    rec.launches.clear()
+    bench.calls[0]()
+    (up, down) = rec.launches
+    for mode, value in (("l2", 1), ("evict_last", 2)):
+        rec.launches.clear()
+        builds[f"up_pf_{mode}"].calls[0]()
+        builds[f"both_pf_{mode}"].calls[0]()
+        up_pf, up_pf2, down_pf = rec.launches
+        assert up_pf == up_pf2 and down_pf == down
+        extra = {k: up_pf["kwargs"].pop(k) for k in ("PREFETCH_DOWN", "w2_ptr", "s2_ptr")}
+        assert up_pf == up and extra == {"PREFETCH_DOWN": value, "w2_ptr": down["storage"][0],
+                                         "s2_ptr": down["storage"][1]}, mode
+    assert "PREFETCH_DOWN" not in up["kwargs"]  # the backend's launch leaves it at its default, off

@@ -106,10 +106,14 @@ def compile_kernel(spec: Spec):
     """triton.compile of the spec for TARGET: the compiled kernel, its `asm` holding ttgir, ptx and cubin."""
     fn = spec.fn
     names = list(fn.arg_names)
-    sig, attrs = {}, {}
-    for i, n in enumerate(names):
+    sig, attrs, const = {}, {}, dict(spec.const)
+    for i, (n, p) in enumerate(zip(names, fn.params)):
         if n in spec.const:
             sig[n] = "constexpr"
+        elif p.has_default and n not in spec.ptrs:
+            # an opt-in argument the spec leaves out compiles at its default, as a launch that omits it
+            # does (w4_mma_kernel's PREFETCH_DOWN, w2_ptr=None: off)
+            sig[n], const[n] = "constexpr", p.default
         elif n in spec.ptrs:
             sig[n] = spec.ptrs[n]
             attrs[(i,)] = [["tt.divisibility", 16]]
@@ -117,19 +121,24 @@ def compile_kernel(spec: Spec):
             sig[n] = "i32"
             if n not in UNALIGNED_INTS:
                 attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, constexprs=dict(spec.const), attrs=attrs)
+    src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
     return triton.compile(src, target=TARGET, options=dict(num_warps=spec.num_warps, num_stages=spec.num_stages,
                                                            **spec.opts))
 
 
+def ptxas_usage(ptx: str) -> tuple[int, int]:
+    """(registers per thread, spill store bytes) of a kernel's PTX, from Triton's ptxas for sm_90a."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.ptx"
+        path.write_text(ptx)
+        res = subprocess.run([triton.knobs.nvidia.ptxas.path, "-arch=sm_90a", "-v", str(path), "-o",
+                              str(Path(tmp) / "k.cubin")], capture_output=True, text=True, check=True).stderr
+    return int(re.search(r"Used (\d+) registers", res).group(1)), int(re.search(r"(\d+) bytes spill stores", res).group(1))
+
+
 def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
     k = compile_kernel(spec)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = Path(tmp) / "k.ptx"
-        ptx.write_text(k.asm["ptx"])
-        ptxas = triton.knobs.nvidia.ptxas.path
-        res = subprocess.run([ptxas, "-arch=sm_90a", "-v", str(ptx), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
+    regs, spill = ptxas_usage(k.asm["ptx"])
     if dump:
         dump.mkdir(parents=True, exist_ok=True)
         for ext in ("ttgir", "ptx"):
@@ -137,9 +146,7 @@ def compile_spec(spec: Spec, dump: Path | None = None) -> dict:
     loads = {}
     for m in re.finditer(r"ld\.global[\w.]*", k.asm["ptx"]):
         loads[m.group(0)] = loads.get(m.group(0), 0) + 1
-    return dict(regs=int(re.search(r"Used (\d+) registers", res).group(1)),
-                spill=int(re.search(r"(\d+) bytes spill stores", res).group(1)),
-                loop_smem=_loop_conversions(k.asm["ttgir"]), loads=loads)
+    return dict(regs=regs, spill=spill, loop_smem=_loop_conversions(k.asm["ttgir"]), loads=loads)
 
 
 def _loop_conversions(ttgir: str) -> int:

@@ -27,6 +27,7 @@ import triton
 from .config import KernelConfig, m_bucket, table_entry
 from .w4 import GROUP, use_asm
 from .w4_mma_kernel import moebench_w4_mma
+from .w4_prefetch import MODES as PREFETCH_MODES
 
 TILE = 16
 EXPERTS_PER_PACK = 16  # experts unpacked at once: 16 x 512 x 7168 nibbles = 59 MB of temporaries
@@ -133,7 +134,7 @@ def mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig,
 
 
 def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
-            pdl_wait=False, pdl_trigger=False):
+            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None):
     rt, gpi = kc.block_n // TILE, kc.block_k // GROUP
     pow2 = lambda v: v >= 1 and v & (v - 1) == 0
     if kc.block_n % TILE or kc.block_k % GROUP or not (pow2(rt) and pow2(gpi) and pow2(kc.num_warps)) \
@@ -141,13 +142,19 @@ def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weig
         raise ValueError(f"16-row int4 tiles need block_n = {TILE} x 2^i, block_k = {GROUP} x 2^j and "
                          f"num_warps a power of two multiple of block_n/{TILE}, got {kc}")
     av = a.contiguous().view(torch.int32)
+    extra = {}
+    if prefetch_down:
+        # the kernel addresses expert e's down slice as e x its size: the stacks must be contiguous
+        if not (down_w.words.is_contiguous() and down_w.scales.is_contiguous()):
+            raise ValueError("prefetch_down needs the down weights' words and scales contiguous")
+        extra = dict(w2_ptr=down_w.words, s2_ptr=down_w.scales, PREFETCH_DOWN=prefetch_down)
     moebench_w4_mma[(rows, triton.cdiv(N // TILE, rt))](
         av, w.words, w.scales, ids, tw, out,
         N, av.stride(0), w.words.stride(0), w.words.stride(1), w.scales.stride(0), w.scales.stride(1),
         out.stride(0),
         K=w.K, UP_ROWS=up_rows, SLOTS=slots, SLOTS_P=triton.next_power_of_2(slots), A_DIV=a_div,
         WEIGHTED=weighted, RT=rt, KS=kc.num_warps // rt, GPI=gpi,
-        PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=use_asm(a.device),
+        PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=use_asm(a.device), **extra,
         num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
 
 
@@ -166,6 +173,7 @@ class MmaCall:
     up: KernelConfig
     down: KernelConfig
     pdl: bool
+    prefetch_down: int = 0  # w4_prefetch.MODES: the up launch prefetches down's weights into L2 (0: off)
 
     @property
     def M(self) -> int:
@@ -177,9 +185,15 @@ class MmaCall:
 
 
 def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
-              config: tuple[KernelConfig, KernelConfig] | None = None, pdl: bool | None = None) -> MmaCall:
+              config: tuple[KernelConfig, KernelConfig] | None = None, pdl: bool | None = None,
+              prefetch_down: int = 0) -> MmaCall:
     """Check the operands and resolve the tiles (default mma_config) and PDL (default: on Hopper or newer)
-    of one call; ValueError for a shape or dtype the kernels do not take."""
+    of one call; ValueError for a shape or dtype the kernels do not take. prefetch_down: a
+    w4_prefetch.MODES value, 0 (off) by default: the up launch prefetches the down launch's weights into L2
+    (issue 32's experiment, docs/triton-moe-notes.md)."""
+    if prefetch_down not in PREFETCH_MODES.values():
+        raise ValueError(f"prefetch_down must be one of {sorted(PREFETCH_MODES.values())} "
+                         f"({', '.join(PREFETCH_MODES)}), got {prefetch_down!r}")
     if x.dtype != torch.bfloat16:
         raise ValueError(f"fused_moe_w4_mma takes bf16 activations, got {x.dtype}")
     M, K = x.shape
@@ -192,15 +206,16 @@ def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Ten
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0)
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    return MmaCall(x, w1, w2, ids, tw, topk, up, down, pdl)
+    return MmaCall(x, w1, w2, ids, tw, topk, up, down, pdl, prefetch_down)
 
 
 def up_launch(c: MmaCall) -> torch.Tensor:
     """The up launch (gate and up GEMMs, silu(gate) * up), one (token, slot) pair per program row: the
-    activations h [M * topk, I]. With PDL it lets the down launch start early (gdc_launch_dependents)."""
+    activations h [M * topk, I]. With PDL it lets the down launch start early (gdc_launch_dependents); with
+    c.prefetch_down its programs also prefetch the down weights of their experts into L2."""
     h = torch.empty((c.M * c.topk, c.I), dtype=c.x.dtype, device=c.x.device)
     _launch(c.x, c.w1, c.ids, c.tw, h, rows=c.M * c.topk, N=c.I, up_rows=c.I, slots=1, a_div=c.topk,
-            weighted=False, kc=c.up, pdl_trigger=c.pdl)
+            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2)
     return h
 
 

@@ -31,6 +31,7 @@ import triton
 import triton.language as tl
 
 from .tiles import bf16_hi, bf16_lo, silu_mul
+from .w4_prefetch import prefetch_down
 
 
 def _dequant(word: str, tile: int) -> list[str]:
@@ -139,6 +140,7 @@ def moebench_w4_mma(
     K: tl.constexpr, UP_ROWS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr, A_DIV: tl.constexpr,
     WEIGHTED: tl.constexpr, RT: tl.constexpr, KS: tl.constexpr, GPI: tl.constexpr,
     PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr, USE_ASM: tl.constexpr,
+    w2_ptr=None, s2_ptr=None, PREFETCH_DOWN: tl.constexpr = 0,
 ):
     """out[r, n] = sum_{s < SLOTS} tw[p] * f(a[p // A_DIV] . w[ids[p], n]),  p = r * SLOTS + s: the
     contract of the other GEMV kernels (gemv.moe_gemv_kernel), for int4 g32 weights in the 16-row tile
@@ -148,6 +150,11 @@ def moebench_w4_mma(
     [E, N/16, K/32, 32, 2]; s_ptr: int32 [E, N/16, K/32, 8]; strides in words. A program takes RT row
     tiles of 16 and splits K over KS lane sets (warps), each walking its groups GPI at a time.
     Grid: (rows, cdiv(N / 16, RT)).
+
+    PREFETCH_DOWN (up launch only, w4_prefetch.MODES; 0 = off, the default): once its first weight loads
+    are issued, the program prefetches into L2 its share of its pair's expert's down words (w2_ptr) and
+    scales (s2_ptr), the down launch's operands (w4_prefetch.py). Off, w2_ptr and s2_ptr are None and
+    the kernel compiles to what it was. Skipped without USE_ASM (the interpreter: nothing to check).
     """
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -184,6 +191,11 @@ def moebench_w4_mma(
     w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
     if UP_ROWS > 0:
         wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
+    if PREFETCH_DOWN > 0:
+        tl.static_assert(UP_ROWS > 0 and SLOTS == 1, "PREFETCH_DOWN is the up launch's (one pair a program row)")
+        if USE_ASM:
+            # behind the program's own first loads, so its stream starts first
+            prefetch_down(w2_ptr, s2_ptr, tl.sum(e, axis=0), pid_n, K, UP_ROWS, RT, L, PREFETCH_DOWN)
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
     x = _load_x(a_ptr, arow, grp, mask, G, lane)

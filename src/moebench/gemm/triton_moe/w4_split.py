@@ -3,6 +3,7 @@ much its down launch's (issue 32; docs/triton-moe-notes.md, "The next device cal
 
     python -m moebench.gemm.triton_moe.w4_split --out split.json [--models kimi-k2.5,deepseek-v3]
                                                 [--ms 1,2,4,8,16] [--replays N]
+                                                [--prefetch-down [l2,evict_last]]
     python -m moebench.gemm.triton_moe.w4_split --smoke --out smoke.json   # CPU interpreter, tiny shapes
 
 A case is the gemm family's GemmCase(model, 8, "fused", M, "int4-g32", "decode", "triton") on its Workload
@@ -13,6 +14,12 @@ those rotations, each by gemm.runner.measure (the benchmark's graph timer and L2
     both   up then down through w4_mma.up_launch / down_launch, the two launches fused_moe_w4_mma makes
     up     up alone (gate and up GEMMs, SiLU * up) on rotation r's input
     down   down alone on rotation r's activations, kept from a real up run before anything is timed
+
+With --prefetch-down (issue 32's L2 prefetch of down's weights from the up launch, w4_prefetch.py; a bare flag
+means both modes), each mode adds two more, timed right after `both` in the same process: up alone and both
+with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefetch` holds what it saved
+(w4_split_report.prefetch_summary). The prefetch cannot change a result: both with it is checked against the
+reference and up alone with it must reproduce the kept activations bit for bit, like the others.
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -32,6 +39,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -48,7 +56,9 @@ from moebench.gemm.presets import PRESETS
 from moebench.gemm.triton_moe import w4_mma
 from moebench.gemm.triton_moe.config import GEMV_MAX_M
 from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
-from moebench.gemm.triton_moe.w4_split_report import Timed, case_line, kernel_bytes, summarize, verdict
+from moebench.gemm.triton_moe.w4_prefetch import MODES as PREFETCH_MODES
+from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, kernel_bytes, prefetch_line,
+                                                      prefetch_summary, summarize, verdict)
 from moebench.gemm.workload import Workload
 
 PROG = "w4_split"
@@ -56,6 +66,7 @@ MODELS = ("kimi-k2.5", "deepseek-v3")
 MS = (1, 2, 4, 8, 16)
 TP = 8
 DTYPE = "int4-g32"
+PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
 LABELS = {"bench": "bench (the backend's calls)", "up": "up alone", "down": "down alone", "both": "both (up then down)"}
 
 
@@ -101,6 +112,19 @@ def _items(value: str | None, default: tuple, flag: str) -> list:
     return list(dict.fromkeys(items))
 
 
+def prefetch_modes(value: str | None) -> tuple[str, ...]:
+    """--prefetch-down's modes in order (w4_prefetch.MODES names other than "off"); () when not given.
+    ValueError with a one-line reason for an unknown or empty one."""
+    if value is None:
+        return ()
+    modes = _items(value, (), "--prefetch-down")
+    known = [m for m in PREFETCH_MODES if PREFETCH_MODES[m]]
+    bad = [m for m in modes if m not in known]
+    if bad:
+        raise ValueError(f"--prefetch-down: unknown mode {bad[0]!r} (known: {', '.join(known)})")
+    return tuple(modes)
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[GemmCase]]:
     """The options and the cases they select; a bad option exits 2 with a one-line error."""
     ap = _Parser(prog=PROG, description=__doc__.split("\n")[0])
@@ -109,10 +133,14 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--ms", default=None, help=f"comma-separated M, 1..{GEMV_MAX_M} (default {','.join(map(str, MS))})")
     ap.add_argument("--replays", type=int, default=None, help="timed graph replays (default: the suite's rule)")
     ap.add_argument("--smoke", action="store_true", help="the tiny preset on CPU through the Triton interpreter")
+    ap.add_argument("--prefetch-down", nargs="?", const=PREFETCH_ALL, default=None, metavar="MODES",
+                    help=f"also time the up launch's L2 prefetch of down's weights, on against off (comma-separated "
+                         f"modes; bare: {PREFETCH_ALL})")
     args = ap.parse_args(argv)
     if args.replays is not None and args.replays < 1:
         ap.error(f"--replays must be >= 1, got {args.replays}")
     try:
+        args.prefetch_down = prefetch_modes(args.prefetch_down)
         return args, select_cases(args.models, args.ms, args.smoke)
     except ValueError as e:
         ap.error(str(e))
@@ -123,10 +151,11 @@ def write_report(path: str | Path, doc: dict) -> None:
     atomic_write_text(Path(path), json.dumps(doc, indent=1) + "\n")
 
 
-def split_builds(wl) -> tuple[dict, dict[str, Built], list]:
+def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Built], list]:
     """(tiles, {"both", "up", "down"}, activations) over the workload's rotations, on the weights and tiles the
     `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations are those of
-    one real up run per rotation, made here: down alone reads them."""
+    one real up run per rotation, made here: down alone reads them. Each prefetch mode adds "up_pf_<mode>" and
+    "both_pf_<mode>": the same calls with the up launch prefetching down's weights into L2."""
     _, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -138,6 +167,10 @@ def split_builds(wl) -> tuple[dict, dict[str, Built], list]:
         "up": Built([lambda c=c: w4_mma.up_launch(c) for c in calls]),
         "down": Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(calls, hs)]),
     }
+    for mode in prefetch:
+        pf = [replace(c, prefetch_down=PREFETCH_MODES[mode]) for c in calls]
+        builds[f"up_pf_{mode}"] = Built([lambda c=c: w4_mma.up_launch(c) for c in pf])
+        builds[f"both_pf_{mode}"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in pf])
     tiles = {"up": up.__dict__, "down": down.__dict__, "pdl": calls[0].pdl}
     return tiles, builds, hs
 
@@ -154,15 +187,16 @@ def check_up_alone(up: Built, activations: list, wl, key: str) -> None:
                                  f"{int((got != kept).sum())} of {kept.numel()} values")
 
 
-def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log) -> dict:
-    """Check, then time, one case's four variants; the case's entry of the report. AssertionError when an
-    output is wrong (nothing is timed then)."""
+def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log,
+                 prefetch: tuple[str, ...] = ()) -> dict:
+    """Check, then time, one case's four variants (and two per prefetch mode); the case's entry of the report.
+    AssertionError when an output is wrong (nothing is timed then)."""
     entry = {"case": case.key, "model": case.model, "tp": case.tp, "M": case.m, "dtype": case.dtype}
     log(f"{case.model} M={case.m}: building")
     wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device, rotations)
     backend = BACKENDS[case.backend]
     bench = backend.build(case, wl)
-    tiles, builds, activations = split_builds(wl)
+    tiles, builds, activations = split_builds(wl, prefetch)
     if bench.info["config"] != {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}:
         raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
                            f"would time another kernel")
@@ -175,10 +209,17 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "down": runner.check(builds["down"], wl, key=f"{case.key} down alone")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
+    for mode in prefetch:
+        entry["rel_error"][f"both_pf_{mode}"] = runner.check(
+            builds[f"both_pf_{mode}"], wl, key=f"{case.key} up+down, prefetch {mode}")["rel_error"]
+        check_up_alone(builds[f"up_pf_{mode}"], activations, wl, f"{case.key} up alone, prefetch {mode}")
     times = {}
-    # bench first and both last: a drift of the device during the case shows as their disagreement
-    for name, built in (("bench", bench), ("up", builds["up"]), ("down", builds["down"]), ("both", builds["both"])):
-        log(f"{case.model} M={case.m}: timing {LABELS[name]}")
+    # bench first and both after the other three: a drift of the device during the case shows as their
+    # disagreement; each prefetch mode's pair right after both, the time it is compared with
+    order = ["bench", "up", "down", "both"] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
+    for name in order:
+        built = bench if name == "bench" else builds[name]
+        log(f"{case.model} M={case.m}: timing {LABELS[name] if name in LABELS else _pf_label(name)}")
         metrics, info = runner.measure(built, wl, ceiling=ceiling, l2_bytes=l2, rule=rule, eager=False)
         t = metrics["wall_us" if device == "cpu" else "graph_us"]
         times[name] = Timed(t.value, t.noise)
@@ -188,9 +229,19 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     # the rule reads graph times; the interpreter's wall times would only make a confusing line
     entry["verdict"] = verdict(case.m, entry["down_share_us"]) if device == "cuda" else None
     log(case_line(case.model, case.m, entry, ceiling))
+    if prefetch:
+        entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
+        for m in prefetch:
+            log(prefetch_line(case.model, case.m, m, entry["prefetch"][m]))
     if entry["verdict"]:
         log(f"  M = 1 rule: {entry['verdict']}")
     return entry
+
+
+def _pf_label(name: str) -> str:
+    """'up_pf_l2' -> 'up alone, prefetch l2'."""
+    variant, mode = name.split("_pf_")
+    return f"{LABELS[variant]}, prefetch {mode}"
 
 
 def _cuda_unusable() -> bool:
@@ -228,14 +279,14 @@ def main(argv: list[str] | None = None) -> int:
            "argv": sys.argv[1:] if argv is None else list(argv), "commit": git_commit(),
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
-           "rotations": rotations, "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
+           "rotations": rotations, "prefetch_down": list(args.prefetch_down), "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
            "done": False, "cases": []}
     log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
     write_report(args.out, doc)
     aborted = False
     for case in cases:
         try:
-            entry = measure_case(case, device, ceiling, l2, rule, rotations, log)
+            entry = measure_case(case, device, ceiling, l2, rule, rotations, log, prefetch=args.prefetch_down)
         except Exception as exc:  # one failing case is a finding; the others still run
             entry = {"case": case.key, "model": case.model, "M": case.m,
                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}

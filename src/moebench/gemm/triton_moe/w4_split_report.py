@@ -5,6 +5,8 @@ measured times, no GPU and no torch, so every number in the report can be checke
     summarize(times, up_bytes, down_bytes, ceiling) -> dict    the report's numbers for one case
     verdict(M, down_share_us) -> str | None                    issue 32's rule for what to change (M = 1)
     case_line(model, M, summary, ceiling) -> str               one printed line per case
+    prefetch_summary(times, mode) -> dict                      --prefetch-down: what the L2 prefetch did
+    prefetch_line(model, M, mode, summary) -> str              its printed line
 
 The four times (us per call, each with the relative noise of its samples) are named as w4_split.py times them:
 bench (the `triton` backend's calls, the benchmark's graph_us), both (up then down through w4_mma's split
@@ -113,3 +115,27 @@ def case_line(model: str, M: int, s: dict, ceiling: float) -> str:
             f"down's share {s['down_share_us']:.2f}; at {ceiling / 1e9:.0f} GB/s up {s['up_bytes'] / 1e6:.2f} MB = "
             f"{s['up_floor_us']:.2f} us ({s['up_pct_of_floor']:.0f}% of its time), down {s['down_bytes'] / 1e6:.2f} MB "
             f"= {s['down_floor_us']:.2f} us ({s['down_pct_of_floor']:.0f}%)")
+
+
+def prefetch_summary(times: dict[str, Timed], mode: str) -> dict:
+    """What the up launch's L2 prefetch of down's weights (w4_prefetch.py, `mode`) did to one case, from the
+    timings `up` and `both` (prefetch off) and `up_pf_<mode>`, `both_pf_<mode>` (on), all of one process:
+
+    saved_us         both - both with the prefetch: the graph time the prefetch buys (> 0: it wins)
+    up_cost_us       up alone with it - up alone: what issuing the prefetch (and its DRAM reads) costs up
+    down_share_us    both - up with the prefetch: down's share of the graph once its weights are in L2
+    agree            saved_us is outside the two both timings' spread (agree_tol): a real difference
+    """
+    up, both = times["up"], times["both"]
+    up_pf, both_pf = times[f"up_pf_{mode}"], times[f"both_pf_{mode}"]
+    saved = both.us - both_pf.us
+    return {"up_us": up_pf.us, "up_noise": up_pf.noise, "both_us": both_pf.us, "both_noise": both_pf.noise,
+            "saved_us": saved, "up_cost_us": up_pf.us - up.us, "down_share_us": both_pf.us - up_pf.us,
+            "significant": abs(saved) / both.us > agree_tol(both, both_pf)}
+
+
+def prefetch_line(model: str, M: int, mode: str, p: dict) -> str:
+    """One line of a case's prefetch numbers, as printed while the run goes on."""
+    return (f"{model} M={M}: prefetch {mode}: both {p['both_us']:.2f} us (saves {p['saved_us']:+.2f}"
+            f"{'' if p['significant'] else ', within noise'}), up alone {p['up_us']:.2f} "
+            f"({p['up_cost_us']:+.2f}), down's share {p['down_share_us']:.2f}")
