@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 triton = pytest.importorskip("triton")
+tl = triton.language
 
 import moebench.gemm.triton_moe as tm  # noqa: E402
 from moebench.gemm.triton_moe import compile_check as cc  # noqa: E402
@@ -131,14 +132,14 @@ def test_evict_last_is_the_same_code_with_the_other_prefetch(compiled):
 
 
 def test_what_the_prefetch_adds_to_each_up_warp(compiled):
-    """Per warp at M = 1, as ncu's sm__inst_executed would count it: 42 more instructions (one prefetch, the
-    rest its line addresses and predicate), no more loads and registers, the same 128 registers. The notes'
+    """Per warp at M = 1, as ncu's sm__inst_executed would count it: 30 more instructions (one prefetch, the
+    rest its line offset and predicate), no more loads and registers, the same 128 registers. The notes'
     prediction quotes this number."""
     if triton.__version__ != "3.6.0":
         pytest.skip(f"the count is Triton 3.6.0's code; this is Triton {triton.__version__}")
     off, on = compiled[(1, "up", 0)], compiled[(1, "up", 1)]
     a, b = (counts(c["ins"], c["trips"], c["warps"]) for c in (off, on))
-    assert b["inst"] - a["inst"] == 42
+    assert b["inst"] - a["inst"] == 30
     assert b["loads"] == a["loads"] and b["load_bytes"] == a["load_bytes"]
     assert on["regs"] == off["regs"] == 128
 
@@ -203,3 +204,41 @@ def test_down_stacks_the_kernel_cannot_address_by_expert_are_refused_before_laun
                          torch.zeros(1, 1, dtype=torch.int32), pdl=False, prefetch_down=1)
     with pytest.raises(ValueError, match="prefetch_down needs the down weights' words and scales contiguous"):
         w4_mma.up_launch(c)
+
+
+# ---- which lines: the programs of a pair cover their expert's down slice, each line once -------------------
+
+@triton.jit
+def _record_lines(is_w_out, off_out, on_out, K: tl.constexpr, I: tl.constexpr, RT: tl.constexpr,
+                  L: tl.constexpr, PASSES: tl.constexpr):
+    pid_n = tl.program_id(0)
+    for r in tl.static_range(PASSES):
+        is_w, off, on = w4_prefetch.prefetch_lines(pid_n, r, K, I, RT, L)
+        at = (pid_n * PASSES + r) * L + tl.arange(0, L)
+        tl.store(is_w_out + at, is_w.to(tl.int32))
+        tl.store(off_out + at, off)
+        tl.store(on_out + at, on.to(tl.int32))
+
+
+def _covered(K, I, RT, warps):
+    """{"words": [line, ...], "scales": [...]}: the lines every up program of a pair prefetches (with repeats)."""
+    L = 32 * warps
+    np_ = -(-(I // 16) // RT)
+    passes = w4_prefetch.prefetches_per_thread(K, I, RT, warps)
+    outs = [torch.zeros(np_ * passes * L, dtype=torch.int32) for _ in range(3)]
+    _record_lines[(np_,)](*outs, K, I, RT, L, passes)
+    is_w, off, on = (o.tolist() for o in outs)
+    lines = {"words": [], "scales": []}
+    for w, o, p in zip(is_w, off, on):
+        if p:
+            assert o % 32 == 0, "a prefetch address is a line's first word"
+            lines["words" if w else "scales"].append(o // 32)
+    return lines
+
+
+@pytest.mark.parametrize("K, I, RT, warps", [(7168, 256, 1, 16), (7168, 256, 2, 8), (512, 64, 1, 4)])
+def test_the_programs_of_a_pair_prefetch_every_line_of_the_slice_once(interp, K, I, RT, warps):
+    lines = interp(_covered, K, I, RT, warps)
+    words, scales = w4_prefetch.down_lines(K, I)
+    assert sorted(lines["words"]) == list(range(words))  # every line of the expert's words, once
+    assert sorted(lines["scales"]) == list(range(scales))  # and of its scales

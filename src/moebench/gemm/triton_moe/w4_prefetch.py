@@ -66,26 +66,38 @@ def _prefetch(addr, on, ASM: tl.constexpr):
 
 
 @triton.jit
-def prefetch_down(w2_ptr, s2_ptr, e, pid_n, K: tl.constexpr, I: tl.constexpr, RT: tl.constexpr,
-                  L: tl.constexpr, MODE: tl.constexpr):
-    """Issue the L2 prefetch of program pid_n's share of expert e's down words (w2_ptr: int32 [E, K/16,
-    I/32, 32, 2], contiguous) and scales (s2_ptr: int32 [E, K/16, I/32, 8]), over L threads. The same
-    arithmetic as lines_per_program, in constexprs."""
+def prefetch_lines(pid_n, r, K: tl.constexpr, I: tl.constexpr, RT: tl.constexpr, L: tl.constexpr):
+    """Pass r of program pid_n over its L threads: (is_w, off, on) a thread, off the int32-word offset of its
+    line in its expert's down words (is_w) or scales, on whether the thread prefetches in this pass. The
+    same arithmetic as lines_per_program, in constexprs; its own function so that a CPU test can run it
+    in the interpreter (the prefetch itself is inline PTX) and see which lines the programs cover."""
     NP: tl.constexpr = (I // 16 + RT - 1) // RT
     LINE_WORDS: tl.constexpr = 32  # 128 bytes
     WL: tl.constexpr = (K * I // 8 + LINE_WORDS - 1) // LINE_WORDS
     SL: tl.constexpr = (K * I // 64 + LINE_WORDS - 1) // LINE_WORDS
     CW: tl.constexpr = (WL + NP - 1) // NP
     CS: tl.constexpr = (SL + NP - 1) // NP
-    PASSES: tl.constexpr = (CW + CS + L - 1) // L
-    wbase = w2_ptr + e * (K * I // 8) + pid_n * (CW * LINE_WORDS)
-    sbase = s2_ptr + e * (K * I // 64) + pid_n * (CS * LINE_WORDS)
+    j = r * L + tl.arange(0, L)  # the program's line j: words first, then scales
+    is_w = j < CW
+    js = tl.where(is_w, 0, j - CW)
+    on = tl.where(is_w, pid_n * CW + j < WL, (js < CS) & (pid_n * CS + js < SL))
+    off = tl.where(is_w, (pid_n * CW + j) * LINE_WORDS, (pid_n * CS + js) * LINE_WORDS)
+    return is_w, off, on
+
+
+@triton.jit
+def prefetch_down(w2_ptr, s2_ptr, e, pid_n, K: tl.constexpr, I: tl.constexpr, RT: tl.constexpr,
+                  L: tl.constexpr, MODE: tl.constexpr):
+    """Issue the L2 prefetch of program pid_n's share of expert e's down words (w2_ptr: int32 [E, K/16,
+    I/32, 32, 2], contiguous) and scales (s2_ptr: int32 [E, K/16, I/32, 8]), over L threads
+    (prefetch_lines says which line each thread takes)."""
+    NP: tl.constexpr = (I // 16 + RT - 1) // RT
+    WL: tl.constexpr = (K * I // 8 + 31) // 32
+    SL: tl.constexpr = (K * I // 64 + 31) // 32
+    PASSES: tl.constexpr = ((WL + NP - 1) // NP + (SL + NP - 1) // NP + L - 1) // L
     for r in tl.static_range(PASSES):
-        j = r * L + tl.arange(0, L)  # the program's line j: words first, then scales
-        is_w = j < CW
-        js = tl.where(is_w, 0, j - CW)
-        on = tl.where(is_w, pid_n * CW + j < WL, (js < CS) & (pid_n * CS + js < SL))
-        addr = tl.where(is_w, wbase + j * LINE_WORDS, sbase + js * LINE_WORDS)
+        is_w, off, on = prefetch_lines(pid_n, r, K, I, RT, L)
+        addr = tl.where(is_w, w2_ptr + e * (K * I // 8) + off, s2_ptr + e * (K * I // 64) + off)
         if MODE == 1:
             _prefetch(addr, on, PREFETCH_L2)
         else:
