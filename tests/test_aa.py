@@ -68,3 +68,21 @@ def test_the_budget_starts_no_run_that_would_not_fit(tmp_path, monkeypatch):
 def test_bad_options_are_one_line_and_exit_2(tmp_path, capsys, argv, msg):
     assert main(["aa", *argv, "--out", str(tmp_path)]) == 2
     assert msg in capsys.readouterr().err
+
+
+def test_each_run_keeps_its_ncu_tables_in_its_own_folder(tmp_path, monkeypatch):
+    # MOEBENCH_NCU_KEEP names one folder; three runs' chunk files of the same names would overwrite each other
+    seen = []
+
+    def runner(cmd, env=None):
+        seen.append((env or {}).get("MOEBENCH_NCU_KEEP"))
+        open(cmd[cmd.index("--results-json") + 1], "w").close()
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setenv("MOEBENCH_NCU_KEEP", str(tmp_path / "ncu"))
+    aa.repeat(["x"], tmp_path / "o", 3, say=lambda s: None, runner=runner)
+    assert seen == [str(tmp_path / "ncu" / f"run-{i}") for i in (1, 2, 3)]
+    monkeypatch.delenv("MOEBENCH_NCU_KEEP")
+    seen.clear()
+    aa.repeat(["x"], tmp_path / "o", 1, say=lambda s: None, runner=runner)
+    assert seen == [None]  # not asked for: the environment is inherited as it was

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from moebench.core import hardware
+from moebench.core.ncu_launch import KEEP_ENV
 from moebench.baselines.combine import half_range
 from moebench.baselines.compare import Verdict
 from moebench.results.document import ResultsDoc, read_json
@@ -62,6 +63,14 @@ def run_command(pytest_args: Sequence[str], results: Path) -> list[str]:
     return [sys.executable, "-m", "pytest", *pytest_args, "--results-json", str(results)]
 
 
+def keep_env(run: int) -> dict | None:
+    """The environment of run `run` when MOEBENCH_NCU_KEEP names a folder: the run keeps ncu's raw tables in
+    its own subfolder (run-<i>), where each run's chunk files would otherwise overwrite the last's; None
+    (inherit the environment) otherwise."""
+    folder = os.environ.get(KEEP_ENV)
+    return {**os.environ, KEEP_ENV: os.path.join(folder, f"run-{run}")} if folder else None
+
+
 def repeat(pytest_args: Sequence[str], out: Path, runs: int, *, budget_s: float | None = None,
            say: Callable[[str], None] = print, runner=subprocess.run) -> list[Path]:
     """Run the selection `runs` times, one process each, and return the results files written. With a
@@ -77,7 +86,8 @@ def repeat(pytest_args: Sequence[str], out: Path, runs: int, *, budget_s: float 
         path = out / f"run-{i}.json"
         cmd = run_command(pytest_args, path)
         say(f"moebench aa: run {i}/{runs}: {' '.join(cmd[1:])}")
-        rc = runner(cmd).returncode
+        env = keep_env(i)
+        rc = (runner(cmd) if env is None else runner(cmd, env=env)).returncode
         if not path.is_file():
             say(f"moebench aa: run {i} wrote no results (pytest exit {rc}); stopping")
             break
