@@ -276,6 +276,9 @@ def test_up_alone_and_down_alone_launch_what_the_backend_launches(monkeypatch):
         rec.launches.clear()
         builds["both"].calls[r]()
         assert len(backend) == 2 and alone == backend and rec.launches == backend, r
+        rec.launches.clear()
+        builds["bench_i32"].calls[r]()
+        assert rec.launches == backend, r
     up, down = backend
     assert up["kwargs"]["UP_ROWS"] == wl.I and down["kwargs"]["SLOTS"] == wl.topk  # the up launch, then down
     assert bench.info["config"] == {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}
@@ -292,13 +295,13 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     assert doc["done"] is True and doc["device"] == "cpu (Triton interpreter)" and doc["rotations"] == 1
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
-    assert set(c["rel_error"]) == {"bench", "both", "down"} and max(c["rel_error"].values()) < 1e-2
+    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32"} and max(c["rel_error"].values()) < 1e-2
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
-                "down_floor_us", "verdict"):
+                "down_floor_us", "verdict", "bench_i32_us", "bench_i32_vs_bench"):
         assert key in c, key
     assert c["tiles"]["pdl"] is False  # PDL is a GPU launch option
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
-    for step in ("building", "checking", "timing bench", "timing up alone", "timing down alone", "timing both"):
+    for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
 

@@ -67,7 +67,8 @@ MS = (1, 2, 4, 8, 16)
 TP = 8
 DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
-LABELS = {"bench": "bench (the backend's calls)", "up": "up alone", "down": "down alone", "both": "both (up then down)"}
+LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
+          "down": "down alone", "both": "both (up then down)"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -152,13 +153,17 @@ def write_report(path: str | Path, doc: dict) -> None:
 
 
 def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Built], list]:
-    """(tiles, {"both", "up", "down"}, activations) over the workload's rotations, on the weights and tiles the
-    `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations are those of
-    one real up run per rotation, made here: down alone reads them. Each prefetch mode adds "up_pf_<mode>" and
+    """(tiles, {"both", "up", "down", "bench_i32"}, activations) over the workload's rotations, on the weights
+    and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations
+    are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the backend's
+    call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch mode adds "up_pf_<mode>" and
     "both_pf_<mode>": the same calls with the up launch prefetching down's weights into L2."""
-    _, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
+    k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+    # the backend's calls on routing ids already int32: plan_call's conversion is then no kernel, so its
+    # graph launches what `both` launches; the one difference left between bench and both (session 17)
+    ids32 = [ids.to(torch.int32) for ids in wl.topk_ids]
     hs = [w4_mma.up_launch(c) for c in calls]
     if wl.device != "cpu":
         torch.cuda.synchronize()
@@ -166,6 +171,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Bu
         "both": Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in calls]),
         "up": Built([lambda c=c: w4_mma.up_launch(c) for c in calls]),
         "down": Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(calls, hs)]),
+        "bench_i32": Built([lambda x=x, ids=ids, w=w: k.fused_moe(x, w1, w2, w, ids, config=(up, down))
+                            for x, ids, w in zip(wl.x, ids32, wl.topk_weights)]),
     }
     for mode in prefetch:
         pf = [replace(c, prefetch_down=PREFETCH_MODES[mode]) for c in calls]
@@ -207,6 +214,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "bench": runner.check(bench, wl, backend.error_bounds.get(case.dtype), key=case.key)["rel_error"],
         "both": runner.check(builds["both"], wl, key=f"{case.key} up+down")["rel_error"],
         "down": runner.check(builds["down"], wl, key=f"{case.key} down alone")["rel_error"],
+        "bench_i32": runner.check(builds["bench_i32"], wl, key=f"{case.key} int32 ids")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
     for mode in prefetch:
@@ -216,7 +224,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     times = {}
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
-    order = ["bench", "up", "down", "both"] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
+    order = ["bench", "bench_i32", "up", "down", "both"] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
         log(f"{case.model} M={case.m}: timing {LABELS[name] if name in LABELS else _pf_label(name)}")
@@ -226,9 +234,14 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         entry.setdefault("l2", info["l2"])
     up_bytes, down_bytes = kernel_bytes(wl.mean_experts_touched(), wl.M, wl.K, wl.I, wl.topk, case.dtype)
     entry.update(summarize(times, up_bytes, down_bytes, ceiling))
+    # does bench's extra kernel (int64 -> int32 ids) make the bench/both difference? i32 near both: yes
+    entry.update(bench_i32_us=times["bench_i32"].us, bench_i32_noise=times["bench_i32"].noise,
+                 bench_i32_vs_bench=(times["bench_i32"].us - times["bench"].us) / times["bench"].us)
     # the rule reads graph times; the interpreter's wall times would only make a confusing line
     entry["verdict"] = verdict(case.m, entry["down_share_us"]) if device == "cuda" else None
     log(case_line(case.model, case.m, entry, ceiling))
+    log(f"  bench on int32 ids (no conversion kernel): {entry['bench_i32_us']:.2f} us "
+        f"({100 * entry['bench_i32_vs_bench']:+.1f}% against bench)")
     if prefetch:
         entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
         for m in prefetch:
