@@ -10,7 +10,10 @@
 #                  SGLang's JIT kernels; the next two show whether they reuse the cache)
 #   jit-cache      SGLang's JIT cache ($TVM_FFI_CACHE_DIR, else ~/.cache/tvm-ffi) packed as jit-cache.tgz when
 #                  under 15 MiB
-#   gate-sglang    the same rank through SGLang, gated against record-kimi's entry
+#   gate-sglang    the same rank through SGLang, gated against the scratch baselines (the committed ones, or
+#                  record-kimi's entry when it ran first), MOEBENCH_DECODE_INSTANCES engine instances (default
+#                  1). A gate pass also proposes baselines, so on a machine outside the entry's recorders
+#                  MOEBENCH_DECODE_INSTANCES=3 is the fresh-machine gate and a run to promote in one step
 #   plant-kimi     ci/planted's SGLang plugin: every tenth MoE layer's Marlin GEMMs twice, gated
 #   install-vllm   vLLM's kept parts installed (waiting up to 5 minutes for the last to arrive)
 #   gate-vllm      the same rank through vLLM (in-process and server), gated against the committed entries
@@ -39,7 +42,7 @@ pack() {  # pack STEP: the step's pass folders, its engine logs (traces apart) a
   [ ${#parts[@]} -gt 0 ] || return 0
   tar -C "$scratch" --exclude='*-profile' -czf "$out/.$step.tgz" "${parts[@]}" && mv "$out/.$step.tgz" "$out/$step.tgz"
   # the SGLang and vLLM traces, for the category map and for ci/rederive_breakdown.py
-  if [ "$step" = record-kimi ] || [ "$step" = record-glm ] || [ "$step" = gate-vllm ]; then
+  if [ "$step" = record-kimi ] || [ "$step" = record-glm ] || [ "$step" = gate-vllm ] || [ "$step" = gate-sglang ]; then
     # tar globs no member names when it creates an archive: the shell expands the pattern (run 1 sent none)
     local traces=()
     for d in "$logs/$step"/*/*-profile; do [ -d "$d" ] && traces+=("${d#"$scratch"/}"); done
@@ -75,7 +78,8 @@ for s in "$@"; do
       size=$(stat -c %s "$out/.jit-cache.tgz" 2>/dev/null || echo 0)
       echo "== jit-cache: $(find "$cache" -name '*.so' 2>/dev/null | wc -l) modules, $((size >> 20)) MiB packed"
       if [ "$size" -lt $((15 << 20)) ]; then mv "$out/.jit-cache.tgz" "$out/jit-cache.tgz"; else rm -f "$out/.jit-cache.tgz"; fi ;;
-    gate-sglang) step gate-sglang sglang --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/gate-sglang" ;;
+    gate-sglang) step gate-sglang sglang --pass gate -- -k "sglang and kimi" --decode-instances "${MOEBENCH_DECODE_INSTANCES:-1}" \
+      --decode-log-dir "$logs/gate-sglang" ;;
     plant-kimi) PYTHONPATH="$PWD/ci/planted${PYTHONPATH:+:$PYTHONPATH}" MOEBENCH_PLANT_EXPERTS=0.10 \
       step plant-kimi sglang --pass gate -- -k "sglang and kimi" --decode-log-dir "$logs/plant-kimi" ;;
     gate-vllm) step gate-vllm lent --site /tmp/site --pass gate -- -k "kimi and int4 and not w4 and not mma and not sglang" \
