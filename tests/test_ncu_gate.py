@@ -45,6 +45,17 @@ def test_the_counter_metric_declares_the_rule_and_the_kind():
     assert COUNTER_REL_TOL == 0.01
 
 
+def test_a_small_kernels_dram_read_is_recorded_not_gated_and_its_instructions_still_gate():
+    """Under 1 MiB a call a kernel's DRAM read is noise (session 18: 3,248 then 2,800 B in two processes); from
+    1 MiB it gates, and a kernel that grows into that range is gated on its new value."""
+    read, inst = BY_KEY["dram_read_bytes"], BY_KEY["inst_executed"]
+    assert counter_metric(read, 3248.0).gated is False
+    assert counter_metric(read, (1 << 20) - 1).gated is False
+    assert counter_metric(read, float(1 << 20)).gated is True
+    assert counter_metric(read, 24.8e6).gated is True
+    assert counter_metric(inst, 1536.0).gated is True  # instructions are exact at any size
+
+
 @pytest.mark.parametrize("noise, lets", [(0.0, 0.01), (0.002, 0.01), (0.01, 0.02), (0.03, 0.06)])
 def test_the_stored_rule_reads_as_the_wider_of_one_percent_and_twice_the_noise(noise, lets):
     rule = rule_of(stored(noise).to_json())

@@ -26,7 +26,8 @@ from moebench.core.ncu import Launch, short_name
 @dataclass(frozen=True)
 class Counter:
     """One recorded counter: its metric-name stem, the ncu metric, its words, its unit once normalised, how it
-    aggregates ("call": summed over launches, per call; "launch": mean per launch) and whether it gates."""
+    aggregates ("call": summed over launches, per call; "launch": mean per launch), whether it gates, and the
+    smallest value that gates (min_gated: below it the counter is recorded only)."""
 
     key: str
     ncu: str
@@ -34,10 +35,15 @@ class Counter:
     unit: str
     per: str
     gated: bool
+    min_gated: float = 0.0
 
 
 COUNTERS: tuple[Counter, ...] = (
-    Counter("dram_read_bytes", "dram__bytes_read.sum", "dram read bytes", "B", "call", True),
+    # gated from 1 MiB a call: a small kernel's DRAM read is a few hundred bytes of noise on top of its work. Two
+    # processes on one H200 (session 18, the 18 int4 triton cases) read the same kernels within 0.03% from
+    # 1 MB up, 0.4% at 0.1-1 MB, 3.7% at 10-100 KB and 14% under 10 KB (an elementwise kernel 3,248 then 2,800
+    # B), while their instruction counts were identical: what such a kernel does differently shows there
+    Counter("dram_read_bytes", "dram__bytes_read.sum", "dram read bytes", "B", "call", True, min_gated=1 << 20),
     # recorded, not gated: a gemm's output (KBs to MBs) stays in the 50 MB L2, so DRAM writes during a kernel
     # are evictions whose timing varies (the Kimi int4 M = 1 case read 80, 80 and 112 B a call in three
     # processes on one H200, DeepSeek's 496 and 320, Kimi M = 16 533,712 and 489,680), not the kernel's work
@@ -125,9 +131,10 @@ def parse_metric_name(name: str) -> tuple[str, str | None] | None:
 
 
 def counter_metric(c: Counter, value: float) -> Metric:
-    """One counter's value as a metric: lower is better, the counter kind's tolerance (COUNTER_REL_TOL)."""
+    """One counter's value as a metric: lower is better, the counter kind's tolerance (COUNTER_REL_TOL); gated
+    when the counter gates and the value is at least its min_gated."""
     # gated only above 0: a stored metric is > 0 (the schema), and a 0 has no relative change to gate
-    return Metric(value, c.unit, "lower", rel_tol=COUNTER_REL_TOL, gated=c.gated and value > 0,
+    return Metric(value, c.unit, "lower", rel_tol=COUNTER_REL_TOL, gated=c.gated and value > 0 and value >= c.min_gated,
                   kind=DEVICE_COUNTER)
 
 
