@@ -156,8 +156,9 @@ def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Bu
     """(tiles, {"both", "up", "down", "bench_i32"}, activations) over the workload's rotations, on the weights
     and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations
     are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the backend's
-    call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch mode adds "up_pf_<mode>" and
-    "both_pf_<mode>": the same calls with the up launch prefetching down's weights into L2."""
+    call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch
+    mode adds "up_pf_<mode>" and "both_pf_<mode>": the same calls with the up launch prefetching down's weights
+    into L2."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
