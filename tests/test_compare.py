@@ -171,3 +171,21 @@ def test_the_gates_verdicts_are_outcomes_and_outcomes_are_spelled_once():
     spelled = [f"{p.relative_to(src)}:{i}" for p in sorted(src.rglob("*.py")) if p.name != "compare.py"
                for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert spelled == []
+
+
+@pytest.mark.parametrize("direction", ["lower", "higher"])
+@pytest.mark.parametrize("tol", [0.03, 0.05, 0.6])
+def test_the_pass_band_is_where_the_gate_passes(direction, tol):
+    # The band a trend plot shades must be the gate's own: just inside either edge PASS, just outside
+    # REGRESSION on the worse side and IMPROVEMENT on the better one (a rate's edges are not b (1 +- t)).
+    from moebench.baselines.compare import pass_band
+
+    base = m(100.0, direction, rel_tol=tol)
+    lo, hi = pass_band(100.0, tol, direction)
+    worse_edge, better_edge = (hi, lo) if direction == "lower" else (lo, hi)
+    step = 1e-6 * 100
+    towards_worse = 1 if direction == "lower" else -1
+    assert compare_metric(m(worse_edge - towards_worse * step, direction), base).verdict is V.PASS
+    assert compare_metric(m(worse_edge + towards_worse * step, direction), base).verdict is V.REGRESSION
+    assert compare_metric(m(better_edge + towards_worse * step, direction), base).verdict is V.PASS
+    assert compare_metric(m(better_edge - towards_worse * step, direction), base).verdict is V.IMPROVEMENT

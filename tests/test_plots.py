@@ -116,3 +116,18 @@ def test_the_report_carries_the_decode_step_breakdown_of_the_latest_run(tmp_path
     assert "## decode step breakdown: decode[kimi-k2.5-int4-rank-vllm-tp1" in md
     assert "| routed experts (gated) | 1.430 |" in md
     assert "decode step breakdown" in (tmp_path / "index.html").read_text()
+
+
+def test_trend_without_stored_baselines_shades_the_tolerance_the_gate_applied(tmp_path):
+    # A case the tight rule gates at 3% was drawn with the measurement's default 5% band: the run's own
+    # comparison says what the gate used.
+    doc = json.loads(RUNS[1].read_text())
+    case = next(c for c in doc["cases"] if c["key"] == COPY)
+    metric = case["metrics"]["copy_GBps"]
+    assert metric["rel_tol"] == 0.05
+    # as a gate against a ruled entry writes it (results/document.py)
+    metric.update(verdict="PASS", baseline=2750.0, noise_band=0.01, reason="", baseline_rel_tol=0.03)
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(doc))
+    t = next(t for t in plots.trends(load_runs([p])) if t.key == COPY)
+    assert t.latest.rel_tol == 0.03

@@ -192,6 +192,15 @@ def slowdown(value: float, baseline: float, direction: str) -> float:
     return (baseline - value) / value if value > 0 else float("inf")
 
 
+def pass_band(baseline: float, rel_tol: float, direction: str) -> tuple[float, float]:
+    """The values a metric may read and still be neither worse nor better than `rel_tol` (slowdown's
+    ratio, either way): [b (1 - t), b (1 + t)] for lower-is-better, [b / (1 + t), b / (1 - t)] for a rate
+    (no upper edge, inf, from t = 1). The band a plot shades; the gate's noise can only widen it."""
+    if direction == "lower":
+        return baseline * (1 - rel_tol), baseline * (1 + rel_tol)
+    return baseline / (1 + rel_tol), (baseline / (1 - rel_tol) if rel_tol < 1 else float("inf"))
+
+
 @dataclass(frozen=True)
 class Recorders:
     """Who recorded a stored metric, as the gate reads it: whether the measuring machine is not one of them

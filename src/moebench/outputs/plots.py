@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-from moebench.baselines.compare import Outcome
+from moebench.baselines.compare import Outcome, pass_band
 from moebench.baselines.store import BaselineSet
 from moebench.core.provenance import parse_date
 from moebench.history.changes import ChangePoint
@@ -102,7 +102,9 @@ def trends(runs: list[ResultsDoc], *, metric: str | None = None, baselines: dict
             if c is None or name not in c.metrics:
                 continue
             sm = c.metrics[name]
-            base, tol = sm.baseline, sm.metric.rel_tol
+            # the tolerance the run's gate applied (a ruled 3%, a cliff), not the measurement's default
+            base = sm.baseline
+            tol = sm.comparison.rel_tol if sm.comparison and sm.comparison.rel_tol is not None else sm.metric.rel_tol
             stored = baselines.get(r.hardware_key) if baselines else None
             entry = stored.entry(c.family, key) if stored else None
             if entry is not None and name in entry.metrics:
@@ -133,12 +135,14 @@ def plot_trend(t: CaseTrend, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(9, 4.6), dpi=110)
     xs = [p.when for p in t.points]
     # The baseline as a step line (it changes only when a reviewer promotes new values), with the band of
-    # values that still PASS (baseline +- rel_tol) shaded around it.
+    # values that still PASS (compare.pass_band: baseline +- rel_tol, as slowdown's ratio) shaded around it.
     bx = [p.when for p in t.points if p.baseline is not None]
     if bx:
         by = [p.baseline for p in t.points if p.baseline is not None]
-        lo = [p.baseline * (1 - p.rel_tol) for p in t.points if p.baseline is not None]
-        hi = [p.baseline * (1 + p.rel_tol) for p in t.points if p.baseline is not None]
+        bands = [pass_band(p.baseline, p.rel_tol, t.direction) for p in t.points if p.baseline is not None]
+        lo = [b[0] for b in bands]
+        # a rate's upper edge runs away as rel_tol nears 1 (none from 1): capped at 3x, past any plot's top
+        hi = [min(b[1], 3 * v) for b, v in zip(bands, by)]
         if len(bx) == 1:  # a single run: stretch the line across the visible range
             bx = [bx[0] - timedelta(hours=12), bx[0] + timedelta(hours=12)]
             by, lo, hi = by * 2, lo * 2, hi * 2
