@@ -37,11 +37,12 @@ def test_issue_32s_int4_m_are_in_the_default_selection(model, backend):
 
 @pytest.mark.parametrize("model", SHAPES)
 def test_int4_m64_runs_the_backends_of_m128(model):
-    """M = 64 compares the same int4 backends as M = 128 (Kimi's, the one larger M measured before): ours and
-    both of vLLM's paths; triton_rows4 stops at its max_m 16 and flashinfer_cutlass takes no int4."""
+    """M = 64 compares the same int4 backends as M = 128 (Kimi's, the one larger M measured before): ours (the
+    grouped path and the expert-major kernel) and both of vLLM's paths; triton_rows4 stops at its max_m 16 and
+    flashinfer_cutlass takes no int4."""
     at = {m: {c.backend for c in default_cases() if c.model == model and c.dtype == "int4-g32" and c.m == m}
           for m in (16, 64)}
-    assert at[64] == {"triton", "vllm_triton", "vllm_marlin"}
+    assert at[64] == {"triton", "triton_experts", "vllm_triton", "vllm_marlin"}
     assert at[16] == at[64] | {"triton_rows4"}
     assert at[64] == {c.backend for c in default_cases() if c.model == "kimi-k2.5" and c.dtype == "int4-g32"
                       and c.m == 128}
@@ -58,13 +59,13 @@ def test_int4_default_m_per_model():
 
 
 def test_default_selection_size():
-    """README.md ("Nightly on every GPU") counts this selection: 233 gemm cases collected (22 of them
-    flashinfer_cutlass, which skip where FlashInfer is not staged), 4,795 outside it (`full`). Change the
+    """README.md ("Nightly on every GPU") counts this selection: 251 gemm cases collected (22 of them
+    flashinfer_cutlass, which skip where FlashInfer is not staged), 4,885 outside it (`full`). Change the
     README with this number."""
     cases = default_cases()
-    assert len(cases) == 233
+    assert len(cases) == 251
     assert sum(c.backend == "flashinfer_cutlass" for c in cases) == 22
-    assert sum(BACKENDS[c.backend].supports(c) for c in ALL_CASES) - len(cases) == 4795
+    assert sum(BACKENDS[c.backend].supports(c) for c in ALL_CASES) - len(cases) == 4885
 
 
 def test_triton_m64_int4_takes_the_grouped_path():

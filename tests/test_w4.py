@@ -82,7 +82,8 @@ def test_fused_moe_w4_matches_the_float32_reference(interp, M, K, I, topk, up, d
     assert interp(_fused_err, M, K, I, topk, up, down) < 1e-2
 
 
-@pytest.mark.parametrize("kernel, prefix, other", [("rows4", "w4|", "mma"), ("mma", "w4mma|", "rows4")])
+@pytest.mark.parametrize("kernel, prefix, other", [("rows4", "w4|", "mma"), ("mma", "w4mma|", "rows4"),
+                                                  ("mma_experts", "w4mmax|", "mma")])
 def test_the_tuner_runs_end_to_end_on_cpu(tmp_path, kernel, prefix, other):
     """w4_tune --smoke: the sweep's tiny shapes through the interpreter, each tile checked by the config
     sweep's Bench before it is timed, floors at the read ceiling measured in the run, a table keyed for

@@ -13,7 +13,7 @@ OPS = ("expert", "gemm1", "gemm2", "fused")
 M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512)
 # Weight formats. fp8 is w8a8 (activations quantized on the fly); int4 and nvfp4 are weight-only (a16).
 DTYPES = ("bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128", "nvfp4")
-BACKENDS = ("torch_loop", "torch_bmm", "torch_grouped_mm", "triton", "triton_rows4", "vllm_triton", "vllm_marlin",
+BACKENDS = ("torch_loop", "torch_bmm", "torch_grouped_mm", "triton", "triton_rows4", "triton_experts", "vllm_triton", "vllm_marlin",
             "flashinfer_cutlass")
 ROTATIONS = 16  # distinct routings and inputs per CUDA graph (see workload.py on the L2 trap)
 
@@ -72,7 +72,7 @@ def _all_cases():
 # The default selection: what a nightly run on one H200 finishes in a few minutes, and what answers
 # the users' questions: the headline Kimi shape for every backend, the three models' fused MoE for the
 # fast backends at decode M, each quantized format on the backends that take it. The rest is `full`.
-_FAST = ("triton", "triton_rows4", "vllm_triton", "vllm_marlin", "flashinfer_cutlass")
+_FAST = ("triton", "triton_rows4", "triton_experts", "vllm_triton", "vllm_marlin", "flashinfer_cutlass")
 _TORCH = ("torch_loop", "torch_bmm", "torch_grouped_mm")
 # int4-g32 fused decode M in the default selection, per model. Issue 32 asks for committed H200 entries at
 # M = 1, 2, 4, 8, 16 and 64 ("faster than Marlin at every M up to 64", so 32 too: where the grouped path is

@@ -4,6 +4,8 @@
                   tensor-core int4 kernel (w4_kernels.DEFAULT, "mma")
     triton_rows4  int4-g32 fused at decode M on the earlier rows-4 CUDA-core kernel (w4.py), kept for
                   comparison (w4_kernels.py says why mma became the default)
+    triton_experts int4-g32 fused on the expert-major tensor-core kernel (w4_experts.py) at every M: issue 32's
+                  candidate for M = 32-128, where `triton` takes the grouped path at half Marlin's speed
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ def w4_operands(wl, config=None, kernel: str | None = None):
     from moebench.gemm.triton_moe import w4_kernels
 
     k = w4_kernels.get(kernel)
-    key = ("triton-w4", k.name, wl.case.dtype)
+    # keyed by the packing, not the kernel: mma and mma_experts share one copy of the tiles
+    key = ("triton-w4", f"{k.pack.__module__}.{k.pack.__name__}", wl.case.dtype)
     cache = wl.weights.quantized
     if key not in cache:
         cache[key] = tuple(k.pack(*_triton_weight(wl, n)[:2]) for n in ("w1", "w2"))
@@ -121,4 +124,16 @@ triton_rows4 = Backend("triton_rows4", frozenset({"fused"}), frozenset({"int4-g3
                        "moebench's rows-4 int4 W4A16 decode kernel (CUDA cores; the tensor-core kernel is triton's)",
                        modules=("triton",), min_cc=(8, 0), max_m=16)
 
-TRITON_BACKENDS = (triton, triton_rows4)
+
+
+def build_experts(case: GemmCase, wl) -> Built:
+    """int4-g32 fused MoE on the expert-major tensor-core kernel, at its own tiles."""
+    return build_w4(case, wl, kernel="mma_experts")
+
+
+# every M: where it overtakes the pair-major kernel (M <= 16) and the grouped path (M > 16) is what it measures
+triton_experts = Backend("triton_experts", frozenset({"fused"}), frozenset({"int4-g32"}), build_experts,
+                         "moebench's expert-major int4 W4A16 kernel (tensor cores, one weight decode per expert's tokens)",
+                         modules=("triton",), min_cc=(8, 0))
+
+TRITON_BACKENDS = (triton, triton_rows4, triton_experts)

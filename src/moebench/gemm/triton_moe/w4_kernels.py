@@ -5,6 +5,9 @@
            (version 5 in docs/triton-moe-notes.md)
     rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the
            `triton_rows4` backend and the `moebench_w4` engine hook run it (version 4 in the notes)
+    mma_experts  w4_experts.py: mma's weights and decode, one program per expert and row tile with up to 8 of
+           the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it, for the M where
+           tokens share experts (issue 32, "expert-major" in the notes), until measurement says where it wins
 
 Each entry packs weights from the generic int4 layout (quant.py) or from vLLM's compressed-tensors
 tensors, runs the fused MoE (fused_moe semantics) and picks tiles (its configs.json table, written by
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from . import w4, w4_mma
+from . import w4, w4_experts, w4_mma
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,8 @@ KERNELS = {
     "mma": W4Kernel("mma", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors, w4_mma.fused_moe_w4_mma,
                     w4_mma.mma_config, "w4mma"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
+    "mma_experts": W4Kernel("mma_experts", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
+                            w4_experts.fused_moe_w4_experts, w4_experts.experts_config, "w4mmax"),
 }
 DEFAULT = "mma"
 

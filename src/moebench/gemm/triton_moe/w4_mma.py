@@ -133,14 +133,21 @@ def mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig,
             KernelConfig(block_n=16, block_k=64, num_warps=4))
 
 
-def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
-            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None):
+def lane_sets(kc: KernelConfig) -> tuple[int, int, int]:
+    """(RT, KS, GPI) of a 16-row int4 tile config: row tiles a program takes, lane sets (warps) K is split
+    over, groups a lane set walks a step; ValueError for tiles the kernels cannot lay out."""
     rt, gpi = kc.block_n // TILE, kc.block_k // GROUP
     pow2 = lambda v: v >= 1 and v & (v - 1) == 0
     if kc.block_n % TILE or kc.block_k % GROUP or not (pow2(rt) and pow2(gpi) and pow2(kc.num_warps)) \
             or kc.num_warps % rt:
         raise ValueError(f"16-row int4 tiles need block_n = {TILE} x 2^i, block_k = {GROUP} x 2^j and "
                          f"num_warps a power of two multiple of block_n/{TILE}, got {kc}")
+    return rt, kc.num_warps // rt, gpi
+
+
+def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
+            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None):
+    rt, ks, gpi = lane_sets(kc)
     av = a.contiguous().view(torch.int32)
     extra = {}
     if prefetch_down:
@@ -153,7 +160,7 @@ def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weig
         N, av.stride(0), w.words.stride(0), w.words.stride(1), w.scales.stride(0), w.scales.stride(1),
         out.stride(0),
         K=w.K, UP_ROWS=up_rows, SLOTS=slots, SLOTS_P=triton.next_power_of_2(slots), A_DIV=a_div,
-        WEIGHTED=weighted, RT=rt, KS=kc.num_warps // rt, GPI=gpi,
+        WEIGHTED=weighted, RT=rt, KS=ks, GPI=gpi,
         PDL_WAIT=pdl_wait, PDL_TRIGGER=pdl_trigger, USE_ASM=use_asm(a.device), **extra,
         num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
 

@@ -1,15 +1,16 @@
-"""Tile sweep of our int4 decode kernels (mma: w4_mma.py, tensor cores; rows4: w4.py, CUDA cores) on a
-GPU, through the gemm family's own workload, check and timer; the other kernel at its table tiles and
+"""Tile sweep of our int4 kernels (mma: w4_mma.py, tensor cores; rows4: w4.py, CUDA cores; mma_experts:
+w4_experts.py, tensor cores, expert-major) on a GPU, through the gemm family's own workload, check and timer; the other kernel at its table tiles and
 Marlin (vLLM, when importable) timed beside it on the same workload.
 
-    python -m moebench.gemm.triton_moe.w4_tune [--kernel mma|rows4] [--models kimi-k2.5,deepseek-v3]
+    python -m moebench.gemm.triton_moe.w4_tune [--kernel mma|rows4|mma_experts] [--models kimi-k2.5,deepseek-v3]
                                                [--ms 1,2,4,8,16] [--out w4_tune.json] [--smoke]
 
 Cases are built, checked and timed by the config sweep's Bench (sweep.py), floors at the read ceiling
 measured when the tuner starts. Per (model, M): every up tile with the default down tile, then every
 down tile with the best up tile; each configuration is checked against the float32 reference before it is timed (a wrong one is listed
 with its error and skipped). Prints one line per case and writes all timings plus `table`: the winners
-in configs.json's `w4|...` (rows4) or `w4mma|K|I|E|topk|M-bucket` format, to copy into configs.json.
+in configs.json's `w4|...` (rows4), `w4mma|K|I|E|topk|M-bucket` (mma) or `w4mmax|...` (mma_experts) format, to
+copy into configs.json.
 """
 
 from __future__ import annotations
@@ -24,12 +25,18 @@ import sys
 UP_TILES = {"rows4": [(4, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 4), (8, 1024, 4),
                       (8, 1024, 8), (16, 512, 4)],
             "mma": [(16, 32, 4), (16, 64, 4), (16, 128, 4), (16, 32, 8), (16, 64, 8), (32, 64, 4), (16, 64, 2),
-                    (32, 32, 8), (16, 128, 8), (16, 128, 16), (16, 64, 16)]}
+                    (32, 32, 8), (16, 128, 8), (16, 128, 16), (16, 64, 16)],
+            # expert-major: a program's work is 8 columns, so more row tiles or lane sets a program are cheap
+            "mma_experts": [(16, 64, 4), (16, 32, 4), (16, 128, 4), (16, 64, 8), (32, 64, 4), (32, 64, 8),
+                            (16, 128, 8), (64, 64, 8), (16, 64, 2)]}
 DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2),
                                                    (16, 4))],
               # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
               # them: 200+ registers)
-              "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)]}
+              "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)],
+              # (64, 128, 8) is the heuristic; I = 256 in one step for 1-8 row tiles a program
+              "mma_experts": [(64, 128, 8), (32, 128, 4), (64, 256, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
+                              (128, 128, 16), (16, 128, 2)]}
 
 
 def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "mma", tp: int = 8,
@@ -119,7 +126,9 @@ def _marlin_us(case, bench, log) -> float | None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="mma", choices=["mma", "rows4"])
+    from moebench.gemm.triton_moe.w4_kernels import KERNELS
+
+    ap.add_argument("--kernel", default="mma", choices=list(KERNELS))
     ap.add_argument("--models", default="kimi-k2.5,deepseek-v3")
     ap.add_argument("--ms", default="1,2,4,8,16")
     ap.add_argument("--out", default="w4_tune.json")
