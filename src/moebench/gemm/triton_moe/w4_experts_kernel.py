@@ -109,6 +109,109 @@ def _lane_pick(vals, idx, L: tl.constexpr):
 
 
 @triton.jit
+def _step(w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u, arow_e,
+          arow_o, grp, mask, mask_e, mask_o, G: tl.constexpr, lane, UP_ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """One step's groups (grp) into the gate (a) and up (u) accumulators: on tensor cores from the loaded words
+    (w, s, wu, su, x), or, without the asm, by _lane_group_ref from memory."""
+    if USE_ASM:
+        a0, a1, a2, a3 = _group8(w, x, s, a0, a1, a2, a3)
+        if UP_ROWS > 0:
+            u0, u1, u2, u3 = _group8(wu, x, su, u0, u1, u2, u3)
+    else:
+        a0, a1, a2, a3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow, srow, arow_e, arow_o, grp, mask, mask_e, mask_o,
+                                         G, lane, a0, a1, a2, a3)
+        if UP_ROWS > 0:
+            u0, u1, u2, u3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow_u, srow_u, arow_e, arow_o, grp, mask, mask_e,
+                                             mask_o, G, lane, u0, u1, u2, u3)
+    return a0, a1, a2, a3, u0, u1, u2, u3
+
+
+@triton.jit
+def _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, srow, wrow_u, srow_u, grp, mask, lane,
+           g, c, e, num_pairs, c0, n0, N, stride_am, stride_om, PAIRS_P: tl.constexpr, G: tl.constexpr,
+           L: tl.constexpr, STEP: tl.constexpr, KS: tl.constexpr, RT: tl.constexpr, GPI: tl.constexpr,
+           UP_ROWS: tl.constexpr, A_DIV: tl.constexpr, WEIGHTED: tl.constexpr, USE_ASM: tl.constexpr,
+           PIPELINED: tl.constexpr):
+    """Pairs c0 .. c0 + 7 of the program's expert (by rank) through the tile; out rows of those pairs written.
+    PIPELINED: w, s (wu, su) are the first step's words and scales, already loaded, and each step issues the
+    next one's loads before its mma (the first chunk); else each step loads and then multiplies (the chunks
+    after it, rare: lighter on registers, which a loop around the pipelined walk would cost; see the kernel)."""
+    # this chunk's pairs by column (-1: no pair), then each lane's: column g (B), columns 2c, 2c + 1 (D)
+    p = tl.arange(0, PAIRS_P)
+    hit = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1) == e
+    rank = tl.cumsum(hit.to(tl.int32), axis=0) - 1  # a pair's position among its expert's pairs
+    col = tl.where(hit, rank - c0, -1)
+    pairs = tl.sum(tl.where(col[None, :] == tl.arange(0, COLS)[:, None], p[None, :] + 1, 0), axis=1) - 1
+    pair_g = _lane_pick(pairs, g, L)[:, None, None]
+    arow = (tl.maximum(pair_g, 0) // A_DIV).to(tl.int64) * stride_am
+    mask_x = mask & (pair_g >= 0)
+    arow_e, arow_o, mask_e, mask_o = arow, arow, mask_x, mask_x  # the asm's lanes read column g only
+    if not USE_ASM:
+        pair_e = _lane_pick(pairs, 2 * c, L)[:, None, None]
+        pair_o = _lane_pick(pairs, 2 * c + 1, L)[:, None, None]
+        arow_e = (tl.maximum(pair_e, 0) // A_DIV).to(tl.int64) * stride_am
+        arow_o = (tl.maximum(pair_o, 0) // A_DIV).to(tl.int64) * stride_am
+        mask_e = mask & (pair_e >= 0)
+        mask_o = mask & (pair_o >= 0)
+
+    z = tl.zeros([L, 1, GPI], dtype=tl.float32)
+    a0, a1, a2, a3 = z, z, z, z
+    u0, u1, u2, u3 = z, z, z, z
+    if PIPELINED:
+        x = _load_x(a_ptr, arow, grp, mask_x, G, lane)
+        # hand double-buffering: issue the next step's loads, then reduce this one
+        for g0 in range(STEP, G, STEP):
+            w_n, s_n = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
+            wu_n, su_n = w_n, s_n
+            if UP_ROWS > 0:
+                wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
+            x_n = _load_x(a_ptr, arow, grp + g0, mask_x, G, lane)
+            a0, a1, a2, a3, u0, u1, u2, u3 = _step(
+                w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u,
+                arow_e, arow_o, grp + g0 - STEP, mask, mask_e, mask_o, G, lane, UP_ROWS, USE_ASM)
+            w, s, x, wu, su = w_n, s_n, x_n, wu_n, su_n
+        LAST: tl.constexpr = STEP * ((G - 1) // STEP)  # the last step's first group
+        a0, a1, a2, a3, u0, u1, u2, u3 = _step(
+            w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u,
+            arow_e, arow_o, grp + LAST, mask, mask_e, mask_o, G, lane, UP_ROWS, USE_ASM)
+    else:
+        for g0 in range(0, G, STEP):
+            w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
+            wu, su = w, s
+            if UP_ROWS > 0:
+                wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
+            x = _load_x(a_ptr, arow, grp + g0, mask_x, G, lane)
+            a0, a1, a2, a3, u0, u1, u2, u3 = _step(
+                w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u,
+                arow_e, arow_o, grp + g0, mask, mask_e, mask_o, G, lane, UP_ROWS, USE_ASM)
+
+    y0, y1 = _cols_out(a0, KS, RT), _cols_out(a1, KS, RT)  # [RT, 8, 4]: (row g, column 2c / 2c + 1)
+    y2, y3 = _cols_out(a2, KS, RT), _cols_out(a3, KS, RT)  # rows g + 8
+    if UP_ROWS > 0:
+        y0 = silu_mul(y0, _cols_out(u0, KS, RT))
+        y1 = silu_mul(y1, _cols_out(u1, KS, RT))
+        y2 = silu_mul(y2, _cols_out(u2, KS, RT))
+        y3 = silu_mul(y3, _cols_out(u3, KS, RT))
+    pe, po = tl.split(tl.reshape(pairs, [4, 2]))  # the pairs of columns 2c and 2c + 1, c = 0..3
+    pe = pe[None, None, :]
+    po = po[None, None, :]
+    if WEIGHTED:
+        y0 = y0 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
+        y2 = y2 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
+        y1 = y1 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
+        y3 = y3 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
+    dst_e = out_ptr + pe.to(tl.int64) * stride_om + n0
+    dst_o = out_ptr + po.to(tl.int64) * stride_om + n0
+    ok_e = (pe >= 0) & (n0 < N)
+    ok_o = (po >= 0) & (n0 < N)
+    ty = out_ptr.dtype.element_ty
+    tl.store(dst_e, y0.to(ty), mask=ok_e)
+    tl.store(dst_o, y1.to(ty), mask=ok_o)
+    tl.store(dst_e + 8, y2.to(ty), mask=ok_e & (n0 + 8 < N))
+    tl.store(dst_o + 8, y3.to(ty), mask=ok_o & (n0 + 8 < N))
+
+
+@triton.jit
 def moebench_w4_experts(
     a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr,
     N, num_pairs, stride_am, stride_we, stride_wt, stride_se, stride_st, stride_om,
@@ -136,7 +239,6 @@ def moebench_w4_experts(
     count = tl.sum(hit.to(tl.int32), axis=0)
     if count == 0:
         return
-    rank = tl.cumsum(hit.to(tl.int32), axis=0) - 1  # a pair's position among its expert's pairs
 
     G: tl.constexpr = K // 32
     L: tl.constexpr = KS * RT * 32
@@ -159,86 +261,22 @@ def moebench_w4_experts(
 
     # the expert's weights never depend on the previous kernel: start streaming them before the PDL wait
     w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
+    wu, su = w, s
     if UP_ROWS > 0:
         wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
+    else:
+        wrow_u, srow_u = wrow, srow
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
     n0 = ((pid_n * RT + tl.arange(0, RT)) * 16)[:, None, None] + tl.arange(0, 8)[None, :, None]  # [RT, 8, 1]
-    for c0 in range(0, count, COLS):
-        if c0 > 0:  # a ninth pair and on: the tile again (from L2), for the next 8 columns
-            w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
-            if UP_ROWS > 0:
-                wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
-        # this chunk's pairs by column (-1: no pair), then each lane's: column g (B), columns 2c, 2c + 1 (D)
-        col = tl.where(hit, rank - c0, -1)
-        pairs = tl.sum(tl.where(col[None, :] == tl.arange(0, COLS)[:, None], p[None, :] + 1, 0), axis=1) - 1
-        pair_g = _lane_pick(pairs, g, L)[:, None, None]
-        arow = (tl.maximum(pair_g, 0) // A_DIV).to(tl.int64) * stride_am
-        mask_x = mask & (pair_g >= 0)
-        if not USE_ASM:
-            pair_e = _lane_pick(pairs, 2 * c, L)[:, None, None]
-            pair_o = _lane_pick(pairs, 2 * c + 1, L)[:, None, None]
-            arow_e = (tl.maximum(pair_e, 0) // A_DIV).to(tl.int64) * stride_am
-            arow_o = (tl.maximum(pair_o, 0) // A_DIV).to(tl.int64) * stride_am
-            mask_e = mask & (pair_e >= 0)
-            mask_o = mask & (pair_o >= 0)
-        x = _load_x(a_ptr, arow, grp, mask_x, G, lane)
-
-        z = tl.zeros([L, 1, GPI], dtype=tl.float32)
-        a0, a1, a2, a3 = z, z, z, z
-        u0, u1, u2, u3 = z, z, z, z
-        # hand double-buffering: issue the next step's loads, then reduce this one
-        for g0 in range(STEP, G, STEP):
-            w_n, s_n = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
-            if UP_ROWS > 0:
-                wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
-            x_n = _load_x(a_ptr, arow, grp + g0, mask_x, G, lane)
-            if USE_ASM:
-                a0, a1, a2, a3 = _group8(w, x, s, a0, a1, a2, a3)
-                if UP_ROWS > 0:
-                    u0, u1, u2, u3 = _group8(wu, x, su, u0, u1, u2, u3)
-            else:
-                a0, a1, a2, a3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow, srow, arow_e, arow_o, grp + g0 - STEP,
-                                                 mask, mask_e, mask_o, G, lane, a0, a1, a2, a3)
-                if UP_ROWS > 0:
-                    u0, u1, u2, u3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow_u, srow_u, arow_e, arow_o,
-                                                     grp + g0 - STEP, mask, mask_e, mask_o, G, lane, u0, u1, u2, u3)
-            w, s, x = w_n, s_n, x_n
-            if UP_ROWS > 0:
-                wu, su = wu_n, su_n
-        LAST: tl.constexpr = STEP * ((G - 1) // STEP)  # the last step's first group
-        if USE_ASM:
-            a0, a1, a2, a3 = _group8(w, x, s, a0, a1, a2, a3)
-            if UP_ROWS > 0:
-                u0, u1, u2, u3 = _group8(wu, x, su, u0, u1, u2, u3)
-        else:
-            a0, a1, a2, a3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow, srow, arow_e, arow_o, grp + LAST, mask,
-                                             mask_e, mask_o, G, lane, a0, a1, a2, a3)
-            if UP_ROWS > 0:
-                u0, u1, u2, u3 = _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow_u, srow_u, arow_e, arow_o, grp + LAST,
-                                                 mask, mask_e, mask_o, G, lane, u0, u1, u2, u3)
-
-        y0, y1 = _cols_out(a0, KS, RT), _cols_out(a1, KS, RT)  # [RT, 8, 4]: (row g, column 2c / 2c + 1)
-        y2, y3 = _cols_out(a2, KS, RT), _cols_out(a3, KS, RT)  # rows g + 8
-        if UP_ROWS > 0:
-            y0 = silu_mul(y0, _cols_out(u0, KS, RT))
-            y1 = silu_mul(y1, _cols_out(u1, KS, RT))
-            y2 = silu_mul(y2, _cols_out(u2, KS, RT))
-            y3 = silu_mul(y3, _cols_out(u3, KS, RT))
-        pe, po = tl.split(tl.reshape(pairs, [4, 2]))  # the pairs of columns 2c and 2c + 1, c = 0..3
-        pe = pe[None, None, :]
-        po = po[None, None, :]
-        if WEIGHTED:
-            y0 = y0 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
-            y2 = y2 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
-            y1 = y1 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
-            y3 = y3 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
-        dst_e = out_ptr + pe.to(tl.int64) * stride_om + n0
-        dst_o = out_ptr + po.to(tl.int64) * stride_om + n0
-        ok_e = (pe >= 0) & (n0 < N)
-        ok_o = (po >= 0) & (n0 < N)
-        ty = out_ptr.dtype.element_ty
-        tl.store(dst_e, y0.to(ty), mask=ok_e)
-        tl.store(dst_o, y1.to(ty), mask=ok_o)
-        tl.store(dst_e + 8, y2.to(ty), mask=ok_e & (n0 + 8 < N))
-        tl.store(dst_o + 8, y3.to(ty), mask=ok_o & (n0 + 8 < N))
+    # The first 8 pairs outside any loop, pipelined; the rest (an expert has at most M pairs, as a token's top-k
+    # experts are distinct: up to M = 8 there is no second chunk, and past it few experts have one) in a loop of
+    # unpipelined walks. A loop around the pipelined walk costs it ~55 registers (sm_90a, the heuristic up tile:
+    # 128 against 72), which halves the programs an SM holds and so the bytes in flight.
+    _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, srow, wrow_u, srow_u, grp, mask, lane,
+           g, c, e, num_pairs, 0, n0, N, stride_am, stride_om, PAIRS_P, G, L, STEP, KS, RT, GPI, UP_ROWS, A_DIV,
+           WEIGHTED, USE_ASM, True)
+    for c0 in range(COLS, count, COLS):
+        _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, srow, wrow_u, srow_u, grp, mask,
+               lane, g, c, e, num_pairs, c0, n0, N, stride_am, stride_om, PAIRS_P, G, L, STEP, KS, RT, GPI, UP_ROWS,
+               A_DIV, WEIGHTED, USE_ASM, False)
