@@ -68,20 +68,17 @@ def test_default_selection_size():
     assert sum(BACKENDS[c.backend].supports(c) for c in ALL_CASES) - len(cases) == 4885
 
 
-def test_triton_m64_int4_takes_the_grouped_path():
-    """M = 64 is past the int4 decode kernel's range (GEMV_MAX_M), so the `triton` backend's build runs the
-    grouped path, on the config config_for picks for it (today the heuristic: no configs.json entry)."""
-    torch = pytest.importorskip("torch")
+@pytest.mark.parametrize("m, path", [(16, "w4_mma"), (17, "w4_mma_experts"), (64, "w4_mma_experts")])
+def test_triton_int4_runs_pair_major_up_to_16_and_expert_major_above(m, path):
+    """The `triton` backend's int4-g32 fused cases: the pair-major tensor-core kernel up to GEMV_MAX_M, the
+    expert-major one above it (session 20: 1.7-2.2x the grouped path it replaced at M = 32-128)."""
+    pytest.importorskip("torch")
     pytest.importorskip("triton")
-    from moebench.gemm.backends.triton_backend import default_config
+    from moebench.gemm.backends import BACKENDS
     from moebench.gemm.triton_moe.config import GEMV_MAX_M
+    from moebench.gemm.workload import Workload
 
-    for model in SHAPES:
-        case = int4(model, 64, "triton")
-        p = case.preset
-        wl = SimpleNamespace(M=64, K=p.hidden, I=case.intermediate, E=p.experts, topk=p.topk,
-                             x=[torch.empty(0)])
-        assert case.m > GEMV_MAX_M  # build() takes build_w4 only at M <= GEMV_MAX_M
-        cfg = default_config(case, wl)
-        assert cfg.path == "grouped" and cfg.source in ("table", "heuristic"), cfg
-        assert cfg.up.block_k % 32 == 0 and cfg.down.block_k % 32 == 0  # whole int4 groups per K step
+    assert GEMV_MAX_M == 16
+    case = GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton")
+    built = BACKENDS["triton"].build(case, Workload(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "-"), "cpu"))
+    assert built.info["config"]["path"] == path

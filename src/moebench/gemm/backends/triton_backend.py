@@ -1,11 +1,11 @@
 """moebench's own Triton kernels (moebench.gemm.triton_moe) as two backends:
 
-    triton        the grouped GEMM and decode-first fused MoE; int4-g32 fused at decode M runs the
-                  tensor-core int4 kernel (w4_kernels.DEFAULT, "mma")
+    triton        the grouped GEMM and decode-first fused MoE; int4-g32 fused runs the tensor-core int4
+                  kernels: pair-major (w4_kernels.DEFAULT, "mma") at M <= 16, expert-major ("mma_experts") above
     triton_rows4  int4-g32 fused at decode M on the earlier rows-4 CUDA-core kernel (w4.py), kept for
                   comparison (w4_kernels.py says why mma became the default)
-    triton_experts int4-g32 fused on the expert-major tensor-core kernel (w4_experts.py) at every M: issue 32's
-                  candidate for M = 32-128, where `triton` takes the grouped path at half Marlin's speed
+    triton_experts int4-g32 fused on the expert-major tensor-core kernel (w4_experts.py) at every M, M <= 16
+                  included, where `triton` runs the pair-major one: the two kernels side by side at every M
 """
 
 from __future__ import annotations
@@ -66,10 +66,12 @@ def build(case: GemmCase, wl, config=None) -> Built:
     from moebench.gemm.triton_moe.config import GEMV_MAX_M
 
     op = case.op
-    # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the int4 decode kernels
-    # have their own tables and tuner (w4_tune.py), so they run only when no config is forced.
-    if config is None and op == "fused" and case.dtype == "int4-g32" and wl.M <= GEMV_MAX_M:
-        return build_w4(case, wl)
+    # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the int4 kernels have their
+    # own tables and tuner (w4_tune.py), so they run only when no config is forced. Pair-major (mma) up to
+    # GEMV_MAX_M, expert-major above: session 20 measured it 1.7-2.2x the grouped path at M = 32-128 and the
+    # pair-major kernel 1.1-1.6x it at M <= 16 (docs/triton-moe-notes.md, version 6).
+    if config is None and op == "fused" and case.dtype == "int4-g32":
+        return build_w4(case, wl, kernel=None if wl.M <= GEMV_MAX_M else "mma_experts")
     names = {"fused": ("w1", "w2"), "expert": ("w1_gate",), "gemm1": ("w1",), "gemm2": ("w2",)}[op]
     if case.dtype == "bf16":
         bf = {"w1": wl.weights.w1, "w2": wl.weights.w2, "w1_gate": wl.weights.w1[:, : wl.I].contiguous()}
@@ -125,13 +127,12 @@ triton_rows4 = Backend("triton_rows4", frozenset({"fused"}), frozenset({"int4-g3
                        modules=("triton",), min_cc=(8, 0), max_m=16)
 
 
-
 def build_experts(case: GemmCase, wl) -> Built:
     """int4-g32 fused MoE on the expert-major tensor-core kernel, at its own tiles."""
     return build_w4(case, wl, kernel="mma_experts")
 
 
-# every M: where it overtakes the pair-major kernel (M <= 16) and the grouped path (M > 16) is what it measures
+# every M: beside the pair-major kernel at M <= 16, and what `triton` runs above
 triton_experts = Backend("triton_experts", frozenset({"fused"}), frozenset({"int4-g32"}), build_experts,
                          "moebench's expert-major int4 W4A16 kernel (tensor cores, one weight decode per expert's tokens)",
                          modules=("triton",), min_cc=(8, 0))

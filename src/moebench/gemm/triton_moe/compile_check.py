@@ -96,11 +96,11 @@ def specs() -> list[Spec]:
     # the expert-major int4 kernel (w4_experts_kernel.py) at its heuristic tiles (w4_experts.experts_config) and
     # Kimi-K2.5 M = 64 (512 pairs)
     out.append(Spec("w4experts_up", w4_experts_kernel.moebench_w4_experts, w4, dict(
-        K=7168, UP_ROWS=256, A_DIV=8, WEIGHTED=False, PAIRS_P=512, RT=1, KS=4, GPI=2,
+        K=7168, UP_ROWS=256, A_DIV=8, WEIGHTED=False, PAIRS_P=512, RT=1, KS=4, GPI=4,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True)))
     out.append(Spec("w4experts_down", w4_experts_kernel.moebench_w4_experts, w4, dict(
-        K=256, UP_ROWS=0, A_DIV=1, WEIGHTED=True, PAIRS_P=512, RT=4, KS=2, GPI=4,
-        PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), num_warps=8, opts=dict(launch_pdl=True)))
+        K=256, UP_ROWS=0, A_DIV=1, WEIGHTED=True, PAIRS_P=512, RT=4, KS=1, GPI=8,
+        PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), num_warps=4, opts=dict(launch_pdl=True)))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):

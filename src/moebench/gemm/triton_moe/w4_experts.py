@@ -27,14 +27,15 @@ SUM_BLOCK_N = 1024  # top-k sum: columns a program adds (7168 / 1024 = 7 program
 def experts_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
     """(up, down) tiles, in w4_mma.mma_config's terms (block_n = 16 x row tiles, block_k = 32 x groups a lane
     set takes a step, num_warps = lane sets x row tiles). The measured table (configs.json,
-    `w4mmax|K|I|E|topk|M-bucket`) first, else a heuristic written before any measurement: up one row tile of
-    16 gate + 16 up rows over 4 lane sets of 2 groups (an expert's up is I/16 programs of 115 KB at
-    K = 7168); down 4 row tiles over 2 lane sets of 4 groups (I = 256 in one step; 64 rows, 9 KB a program)."""
+    `w4mmax|K|I|E|topk|M-bucket`) first, else the tiles that won most of session 20's H200 sweep (Kimi-K2.5
+    and DeepSeek-V3, M 8-128): up one row tile of 16 gate + 16 up rows over 4 lane sets of 4 groups; down 4
+    row tiles, one lane set a tile taking I = 256 in one step (no split of K across warps: the heuristic
+    written before any measurement split it over 2 lane sets and read 1.5-1.6x slower)."""
     hit = table_entry(f"w4mmax|{K}|{I}|{E}|{topk}|{m_bucket(M)}")
     if hit is not None:
         return KernelConfig(**hit["up"]), KernelConfig(**hit["down"])
-    return (KernelConfig(block_n=16, block_k=64, num_warps=4),
-            KernelConfig(block_n=64, block_k=128, num_warps=8))
+    return (KernelConfig(block_n=16, block_k=128, num_warps=4),
+            KernelConfig(block_n=64, block_k=256, num_warps=4))
 
 
 def _launch(a, w: W4Tiles, ids, tw, out, *, N, up_rows, a_div, weighted, kc: KernelConfig,

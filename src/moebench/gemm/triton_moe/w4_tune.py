@@ -27,15 +27,16 @@ UP_TILES = {"rows4": [(4, 2048, 8), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8,
             "mma": [(16, 32, 4), (16, 64, 4), (16, 128, 4), (16, 32, 8), (16, 64, 8), (32, 64, 4), (16, 64, 2),
                     (32, 32, 8), (16, 128, 8), (16, 128, 16), (16, 64, 16)],
             # expert-major: a program's work is 8 columns, so more row tiles or lane sets a program are cheap
-            "mma_experts": [(16, 64, 4), (16, 32, 4), (16, 128, 4), (16, 64, 8), (32, 64, 4), (32, 64, 8),
+            "mma_experts": [(16, 128, 4), (16, 64, 4), (16, 32, 4), (16, 64, 8), (32, 64, 4), (32, 64, 8),
                             (16, 128, 8), (64, 64, 8), (16, 64, 2)]}
 DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2),
                                                    (16, 4))],
               # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
               # them: 200+ registers)
               "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)],
-              # (64, 128, 8) is the heuristic; I = 256 in one step for 1-8 row tiles a program
-              "mma_experts": [(64, 128, 8), (32, 128, 4), (64, 256, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
+              # I = 256 in one step for 1-8 row tiles a program; (64, 256, 4) won most of session 20's sweep, and
+              # the (64, 128, 8) written before it (K split over 2 lane sets) read 1.5-1.6x slower
+              "mma_experts": [(64, 256, 4), (64, 128, 8), (32, 128, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
                               (128, 128, 16), (16, 128, 2)]}
 
 
