@@ -3,8 +3,6 @@ without `-m full`. Pure: no GPU, no weights, nothing timed."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from moebench.gemm.backends import BACKENDS
