@@ -36,8 +36,9 @@ DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2
               "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)],
               # I = 256 in one step for 1-8 row tiles a program; (64, 256, 4) won most of session 20's sweep, and
               # the (64, 128, 8) written before it (K split over 2 lane sets) read 1.5-1.6x slower
+              # one lane set a tile won everywhere, so the sweep goes on along that line (more or fewer row tiles)
               "mma_experts": [(64, 256, 4), (64, 128, 8), (32, 128, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
-                              (128, 128, 16), (16, 128, 2)]}
+                              (128, 128, 16), (16, 128, 2), (256, 256, 16), (32, 256, 2), (16, 256, 1)]}
 
 
 def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "mma", tp: int = 8,
