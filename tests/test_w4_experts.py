@@ -69,6 +69,24 @@ def test_the_heuristic_tiles_lay_out_on_the_real_shapes():
         assert w4_mma.lane_sets(up) and w4_mma.lane_sets(down)
 
 
+def test_the_measured_tiles_are_found_and_lay_out():
+    """Every `w4mmax|...` entry of configs.json (w4_tune --kernel mma_experts on the H200) is a pair of tiles the
+    kernel can lay out, and experts_config returns it for its shape and M bucket: Kimi-K2.5 TP8 at M = 64
+    runs the sweep's winner, not the heuristic."""
+    import json
+    from importlib import resources
+
+    table = json.loads(resources.files("moebench.gemm.triton_moe").joinpath("configs.json").read_text())
+    entries = {k: v for k, v in table.items() if k.startswith("w4mmax|")}
+    assert len(entries) >= 10, sorted(entries)
+    for key, cfg in entries.items():
+        _, K, I, E_, topk, bucket = key.split("|")
+        up, down = w4_experts.experts_config(int(bucket), int(K), int(I), int(E_), int(topk))
+        assert (up, down) == (KernelConfig(**cfg["up"]), KernelConfig(**cfg["down"])), key
+        assert w4_mma.lane_sets(up) and w4_mma.lane_sets(down)
+    assert w4_experts.experts_config(64, 7168, 256, 384, 8)[1] == KernelConfig(**entries["w4mmax|7168|256|384|8|64"]["down"])
+
+
 @pytest.mark.parametrize("m", [1, 64])
 def test_the_experts_backend_builds_the_expert_major_kernel_at_every_m(m):
     """What triton_experts' cases time, at a decode M and past the pair-major kernel's 16; its packed tiles are
