@@ -84,7 +84,8 @@ def test_the_measured_tiles_are_found_and_lay_out():
         up, down = w4_experts.experts_config(int(bucket), int(K), int(I), int(E_), int(topk))
         assert (up, down) == (KernelConfig(**cfg["up"]), KernelConfig(**cfg["down"])), key
         assert w4_mma.lane_sets(up) and w4_mma.lane_sets(down)
-    assert w4_experts.experts_config(64, 7168, 256, 384, 8)[1] == KernelConfig(**entries["w4mmax|7168|256|384|8|64"]["down"])
+    kimi64 = entries["w4mmax|7168|256|384|8|64"]
+    assert w4_experts.experts_config(64, 7168, 256, 384, 8) == (KernelConfig(**kimi64["up"]), KernelConfig(**kimi64["down"]))
 
 
 @pytest.mark.parametrize("m", [1, 64])
@@ -97,8 +98,11 @@ def test_the_experts_backend_builds_the_expert_major_kernel_at_every_m(m):
     from moebench.gemm.workload import Workload
 
     wl = Workload(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "-"), "cpu")
-    built = BACKENDS["triton_experts"].build(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton_experts"), wl)
-    assert (built.info["impl"], built.info["config"]["path"]) == ("moebench.gemm.triton_moe.w4_experts", "w4_mma_experts")
+    case = GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton_experts")
+    built = BACKENDS["triton_experts"].build(case, wl)
+    assert (built.info["impl"], built.info["config"]["path"]) == ("moebench.gemm.triton_moe.w4_experts",
+                                                                  "w4_mma_experts")
     assert len(built.calls) == ROTATIONS
-    assert BACKENDS["triton_experts"].supports(GemmCase("kimi-k2.5", 8, "fused", 128, "int4-g32", "decode", "triton_experts"))
+    assert BACKENDS["triton_experts"].supports(GemmCase("kimi-k2.5", 8, "fused", 128, "int4-g32", "decode",
+                                                        "triton_experts"))
     assert w4_operands(wl, kernel="mma_experts")[1] is w4_operands(wl, kernel="mma")[1]

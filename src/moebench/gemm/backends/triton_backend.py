@@ -134,7 +134,8 @@ def build_experts(case: GemmCase, wl) -> Built:
 
 # every M: beside the pair-major kernel at M <= 16, and what `triton` runs above
 triton_experts = Backend("triton_experts", frozenset({"fused"}), frozenset({"int4-g32"}), build_experts,
-                         "moebench's expert-major int4 W4A16 kernel (tensor cores, one weight decode per expert's tokens)",
+                         "moebench's expert-major int4 W4A16 kernel (tensor cores, one weight decode per expert's "
+                         "tokens)",
                          modules=("triton",), min_cc=(8, 0))
 
 TRITON_BACKENDS = (triton, triton_rows4, triton_experts)

@@ -271,8 +271,8 @@ def moebench_w4_experts(
     n0 = ((pid_n * RT + tl.arange(0, RT)) * 16)[:, None, None] + tl.arange(0, 8)[None, :, None]  # [RT, 8, 1]
     # The first 8 pairs outside any loop, pipelined; the rest (an expert has at most M pairs, as a token's top-k
     # experts are distinct: up to M = 8 there is no second chunk, and past it few experts have one) in a loop of
-    # unpipelined walks. A loop around the pipelined walk costs it ~55 registers (sm_90a, the heuristic up tile:
-    # 128 against 72), which halves the programs an SM holds and so the bytes in flight.
+    # unpipelined walks. A loop around the pipelined walk costs it ~55 registers (sm_90a, up at (16, 64, 4): 128
+    # against 72 with no loop, 96 as written), which halves the programs an SM holds and so the bytes in flight.
     _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, srow, wrow_u, srow_u, grp, mask, lane,
            g, c, e, num_pairs, 0, n0, N, stride_am, stride_om, PAIRS_P, G, L, STEP, KS, RT, GPI, UP_ROWS, A_DIV,
            WEIGHTED, USE_ASM, True)

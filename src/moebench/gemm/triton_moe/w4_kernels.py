@@ -6,8 +6,8 @@
     rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the
            `triton_rows4` backend and the `moebench_w4` engine hook run it (version 4 in the notes)
     mma_experts  w4_experts.py: mma's weights and decode, one program per expert and row tile with up to 8 of
-           the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it, for the M where
-           tokens share experts (issue 32, "expert-major" in the notes), until measurement says where it wins
+           the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it at every M, and `triton`
+           above M = 16, where tokens share experts (session 20's measurement: version 6 in the notes)
 
 Each entry packs weights from the generic int4 layout (quant.py) or from vLLM's compressed-tensors
 tensors, runs the fused MoE (fused_moe semantics) and picks tiles (its configs.json table, written by

@@ -1,15 +1,16 @@
 """Tile sweep of our int4 kernels (mma: w4_mma.py, tensor cores; rows4: w4.py, CUDA cores; mma_experts:
-w4_experts.py, tensor cores, expert-major) on a GPU, through the gemm family's own workload, check and timer; the other kernel at its table tiles and
-Marlin (vLLM, when importable) timed beside it on the same workload.
+w4_experts.py, tensor cores, expert-major) on a GPU, through the gemm family's own workload, check and timer;
+the other kernels at their table tiles and Marlin (vLLM, when importable) timed beside it on the same workload.
 
     python -m moebench.gemm.triton_moe.w4_tune [--kernel mma|rows4|mma_experts] [--models kimi-k2.5,deepseek-v3]
                                                [--ms 1,2,4,8,16] [--out w4_tune.json] [--smoke]
 
 Cases are built, checked and timed by the config sweep's Bench (sweep.py), floors at the read ceiling
 measured when the tuner starts. Per (model, M): every up tile with the default down tile, then every
-down tile with the best up tile; each configuration is checked against the float32 reference before it is timed (a wrong one is listed
-with its error and skipped). Prints one line per case and writes all timings plus `table`: the winners
-in configs.json's `w4|...` (rows4), `w4mma|K|I|E|topk|M-bucket` (mma) or `w4mmax|...` (mma_experts) format, to
+down tile with the best up tile; each configuration is checked against the float32 reference before it is
+timed (a wrong one is listed with its error and skipped). Prints one line per case and writes all timings plus
+`table`: the winners in configs.json's `w4|...` (rows4), `w4mma|K|I|E|topk|M-bucket` (mma) or `w4mmax|...`
+(mma_experts) format, to
 copy into configs.json.
 """
 
