@@ -31,7 +31,8 @@ import triton
 import triton.language as tl
 
 from .tiles import silu_mul
-from .w4_mma_kernel import _dequant, _lane_ref, _load_ws, _load_x
+from .w4_kernel import _split4
+from .w4_mma_kernel import _lane_ref, _load_ws, _load_x, group_mma_lines
 
 COLS = tl.constexpr(8)  # tokens a program multiplies at once: mma.m16n8k16's B columns
 
@@ -41,32 +42,13 @@ def _group8_asm() -> str:
     x (columns 2c, 2c + 1) of W X, from the weight words $4 (tile 0), $5 (tile 1), the lane's activation
     words $6..$9 (column g; $6, $7 tile 0's B fragment, $8, $9 tile 1's) and the scale word $10 (bf16: row g
     low, row g + 8 high). Outputs: $0 (g, 2c), $1 (g, 2c + 1), $2 (g + 8, 2c), $3 (g + 8, 2c + 1)."""
-    lines = ["{", ".reg .b32 a0, a1, a2, a3, t, one, m136;", ".reg .f32 d0, d1, d2, d3, z, s0, s1;",
-             "mov.b32 one, 0x3F803F80;",   # bf16 pair (1, 1)
-             "mov.b32 m136, 0xC308C308;",  # bf16 pair (-136, -136)
-             "mov.f32 z, 0f00000000;"]
-    lines += _dequant("$4", 0)
-    lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0, d1, d2, d3}, {a0, a1, a2, a3}, "
-                 "{$6, $7}, {z, z, z, z};")
-    lines += _dequant("$5", 1)
-    lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0, d1, d2, d3}, {a0, a1, a2, a3}, "
-                 "{$8, $9}, {d0, d1, d2, d3};")
-    lines += ["shl.b32 t, $10, 16;", "mov.b32 s0, t;", "and.b32 t, $10, 0xFFFF0000;", "mov.b32 s1, t;",
-              "fma.rn.f32 $0, d0, s0, $11;", "fma.rn.f32 $1, d1, s0, $12;",
+    lines = group_mma_lines("$4", "$5", "$6, $7", "$8, $9", "$10")
+    lines += ["fma.rn.f32 $0, d0, s0, $11;", "fma.rn.f32 $1, d1, s0, $12;",
               "fma.rn.f32 $2, d2, s1, $13;", "fma.rn.f32 $3, d3, s1, $14;", "}"]
     return "\n".join(lines)
 
 
 GROUP8_ASM = tl.constexpr(_group8_asm())
-
-
-@triton.jit
-def _words4(x):
-    """[.., 4] activation words -> the four [..] words in k order."""
-    xa, xb = tl.split(tl.reshape(x, x.shape[:-1] + [2, 2]))
-    x0, x2 = tl.split(xa)
-    x1, x3 = tl.split(xb)
-    return x0, x1, x2, x3
 
 
 @triton.jit
@@ -78,8 +60,8 @@ def _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow, srow, arow_e, arow_o, grp, mask, 
         src = (lane // 4) * 4 + cc  # lane (g, cc): its words hold rows g, g + 8 at k 8 cc .. 8 cc + 7
         w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, src)
         w0, w1 = tl.split(w)
-        xe0, xe1, xe2, xe3 = _words4(_load_x(a_ptr, arow_e, grp, mask_e, G, src))
-        xo0, xo1, xo2, xo3 = _words4(_load_x(a_ptr, arow_o, grp, mask_o, G, src))
+        xe0, xe1, xe2, xe3 = _split4(_load_x(a_ptr, arow_e, grp, mask_e, G, src))
+        xo0, xo1, xo2, xo3 = _split4(_load_x(a_ptr, arow_o, grp, mask_o, G, src))
         c0, c2 = _lane_ref(w0, w1, xe0, xe1, xe2, xe3, s, c0, c2)
         c1, c3 = _lane_ref(w0, w1, xo0, xo1, xo2, xo3, s, c1, c3)
     return c0, c1, c2, c3
@@ -89,7 +71,7 @@ def _lane_group_ref(w_ptr, s_ptr, a_ptr, wrow, srow, arow_e, arow_o, grp, mask, 
 def _group8(w, x, s, c0, c1, c2, c3):
     """One group on tensor cores for every (lane, group slot) element: w [.., 2] words, x [.., 4] words."""
     w0, w1 = tl.split(w)
-    x0, x1, x2, x3 = _words4(x)
+    x0, x1, x2, x3 = _split4(x)
     return tl.inline_asm_elementwise(
         GROUP8_ASM, "=f,=f,=f,=f,r,r,r,r,r,r,r,f,f,f,f", [w0, w1, x0, x1, x2, x3, s, c0, c1, c2, c3],
         dtype=(tl.float32, tl.float32, tl.float32, tl.float32), is_pure=True, pack=1)
@@ -106,6 +88,17 @@ def _lane_pick(vals, idx, L: tl.constexpr):
     """vals[idx] for each of the L lanes: vals [8] (a chunk's pairs), idx [L] in 0..7."""
     hit = idx[:, None] == tl.arange(0, 8)[None, :]
     return tl.sum(tl.where(hit, vals[None, :], 0), axis=1)
+
+
+@triton.jit
+def _load_words(w_ptr, s_ptr, wrow, srow, wrow_u, srow_u, grp, mask, G: tl.constexpr, lane, UP_ROWS: tl.constexpr):
+    """A step's weight words and scales (w4_mma_kernel._load_ws): the gate (or down) rows', and the up rows' when
+    UP_ROWS > 0 (else the same again: the caller passes them on, unused)."""
+    w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
+    wu, su = w, s
+    if UP_ROWS > 0:
+        wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
+    return w, s, wu, su
 
 
 @triton.jit
@@ -161,10 +154,8 @@ def _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, sr
         x = _load_x(a_ptr, arow, grp, mask_x, G, lane)
         # hand double-buffering: issue the next step's loads, then reduce this one
         for g0 in range(STEP, G, STEP):
-            w_n, s_n = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
-            wu_n, su_n = w_n, s_n
-            if UP_ROWS > 0:
-                wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
+            w_n, s_n, wu_n, su_n = _load_words(w_ptr, s_ptr, wrow, srow, wrow_u, srow_u, grp + g0, mask, G, lane,
+                                               UP_ROWS)
             x_n = _load_x(a_ptr, arow, grp + g0, mask_x, G, lane)
             a0, a1, a2, a3, u0, u1, u2, u3 = _step(
                 w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u,
@@ -176,10 +167,7 @@ def _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, sr
             arow_e, arow_o, grp + LAST, mask, mask_e, mask_o, G, lane, UP_ROWS, USE_ASM)
     else:
         for g0 in range(0, G, STEP):
-            w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
-            wu, su = w, s
-            if UP_ROWS > 0:
-                wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
+            w, s, wu, su = _load_words(w_ptr, s_ptr, wrow, srow, wrow_u, srow_u, grp + g0, mask, G, lane, UP_ROWS)
             x = _load_x(a_ptr, arow, grp + g0, mask_x, G, lane)
             a0, a1, a2, a3, u0, u1, u2, u3 = _step(
                 w, x, s, wu, su, a0, a1, a2, a3, u0, u1, u2, u3, w_ptr, s_ptr, a_ptr, wrow, srow, wrow_u, srow_u,
@@ -252,6 +240,7 @@ def moebench_w4_experts(
     e64 = e.to(tl.int64)
     wrow = (e64 * stride_we + tile.to(tl.int64) * stride_wt)[:, None, None]
     srow = (e64 * stride_se + tile.to(tl.int64) * stride_st)[:, None, None]
+    wrow_u, srow_u = wrow, srow  # down: no up rows (loaded as the same words, never used)
     if UP_ROWS > 0:
         wrow_u = wrow + (UP_ROWS // 16) * stride_wt
         srow_u = srow + (UP_ROWS // 16) * stride_st
@@ -260,12 +249,7 @@ def moebench_w4_experts(
     STEP: tl.constexpr = KS * GPI
 
     # the expert's weights never depend on the previous kernel: start streaming them before the PDL wait
-    w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
-    wu, su = w, s
-    if UP_ROWS > 0:
-        wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
-    else:
-        wrow_u, srow_u = wrow, srow
+    w, s, wu, su = _load_words(w_ptr, s_ptr, wrow, srow, wrow_u, srow_u, grp, mask, G, lane, UP_ROWS)
     if PDL_WAIT:
         tl.extra.cuda.gdc_wait()
     n0 = ((pid_n * RT + tl.arange(0, RT)) * 16)[:, None, None] + tl.arange(0, 8)[None, :, None]  # [RT, 8, 1]

@@ -43,23 +43,32 @@ def _dequant(word: str, tile: int) -> list[str]:
     return out
 
 
-def _group_asm() -> str:
-    """PTX of one group (32 k) of a 16-row tile: $0, $1 = $9, $10 + scale * (rows g, g + 8 of W x),
-    from the weight words $2 (k positions of tile 0), $3 (tile 1), the activation words $4..$7 (bf16
-    pairs; $4, $5 are tile 0's B fragment, $6, $7 tile 1's) and the scale word $8 (bf16: row g low,
-    row g + 8 high)."""
+def group_mma_lines(w0: str, w1: str, b0: str, b1: str, scale: str) -> list[str]:
+    """The PTX both int4 tensor-core kernels share for one group (32 k) of a 16-row tile, opening a scope the
+    caller closes: decode the weight words w0 (k positions of tile 0) and w1 (tile 1), mma them by the B
+    fragments b0 and b1 (two registers each, "$4, $5") into d0..d3, and split the scale word (bf16: row g low,
+    row g + 8 high) into f32 s0 and s1. The caller adds its scaled accumulation (fma of d by s) and "}"."""
     lines = ["{", ".reg .b32 a0, a1, a2, a3, t, one, m136;", ".reg .f32 d0, d1, d2, d3, z, s0, s1;",
              "mov.b32 one, 0x3F803F80;",   # bf16 pair (1, 1)
              "mov.b32 m136, 0xC308C308;",  # bf16 pair (-136, -136)
              "mov.f32 z, 0f00000000;"]
-    lines += _dequant("$2", 0)
+    lines += _dequant(w0, 0)
     lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0, d1, d2, d3}, {a0, a1, a2, a3}, "
-                 "{$4, $5}, {z, z, z, z};")
-    lines += _dequant("$3", 1)
+                 f"{{{b0}}}, {{z, z, z, z}};")
+    lines += _dequant(w1, 1)
     lines.append("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {d0, d1, d2, d3}, {a0, a1, a2, a3}, "
-                 "{$6, $7}, {d0, d1, d2, d3};")
-    lines += ["shl.b32 t, $8, 16;", "mov.b32 s0, t;", "and.b32 t, $8, 0xFFFF0000;", "mov.b32 s1, t;",
-              "fma.rn.f32 $0, d0, s0, $9;", "fma.rn.f32 $1, d2, s1, $10;", "}"]
+                 f"{{{b1}}}, {{d0, d1, d2, d3}};")
+    lines += [f"shl.b32 t, {scale}, 16;", "mov.b32 s0, t;", f"and.b32 t, {scale}, 0xFFFF0000;", "mov.b32 s1, t;"]
+    return lines
+
+
+def _group_asm() -> str:
+    """PTX of one group (32 k) of a 16-row tile: $0, $1 = $9, $10 + scale * (rows g, g + 8 of W x),
+    from the weight words $2 (k positions of tile 0), $3 (tile 1), the activation words $4..$7 (bf16
+    pairs; $4, $5 are tile 0's B fragment, $6, $7 tile 1's) and the scale word $8 (bf16: row g low,
+    row g + 8 high). One token: of mma's 8 columns, only column 2c's sums (d0, d2) are kept."""
+    lines = group_mma_lines("$2", "$3", "$4, $5", "$6, $7", "$8")
+    lines += ["fma.rn.f32 $0, d0, s0, $9;", "fma.rn.f32 $1, d2, s1, $10;", "}"]
     return "\n".join(lines)
 
 
