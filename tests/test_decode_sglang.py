@@ -149,14 +149,17 @@ class _Server:
                     self.end_headers()
                     self.wfile.write(b"Start profiling.\n" if outer.profile_status == 200 else b"Internal Server Error")
                     return
+                # The profiler stops inside the request (it asks for 8 tokens past the profiled steps), so the
+                # trace lands before the stream ends. Written after the last event, it raced the client's wait
+                # loop: two writers of one file, and a torn trace of the full size read as complete.
+                if outer.profile_dir and outer.trace:
+                    shutil.copy(outer.trace, Path(outer.profile_dir) / "moebench-TP-0-DECODE.trace.json.gz")
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
                 for line in outer.events:
                     self.wfile.write(line)
                     self.wfile.flush()
-                if outer.profile_dir and outer.trace:
-                    shutil.copy(outer.trace, Path(outer.profile_dir) / "moebench-TP-0-DECODE.trace.json.gz")
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
