@@ -64,19 +64,3 @@ def test_default_selection_size():
     assert len(cases) == 251
     assert sum(c.backend == "flashinfer_cutlass" for c in cases) == 22
     assert sum(BACKENDS[c.backend].supports(c) for c in ALL_CASES) - len(cases) == 4885
-
-
-@pytest.mark.parametrize("m, path", [(16, "w4_mma"), (17, "w4_mma_experts"), (64, "w4_mma_experts")])
-def test_triton_int4_runs_pair_major_up_to_16_and_expert_major_above(m, path):
-    """The `triton` backend's int4-g32 fused cases: the pair-major tensor-core kernel up to GEMV_MAX_M, the
-    expert-major one above it (session 20: 1.7-2.2x the grouped path it replaced at M = 32-128)."""
-    pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    from moebench.gemm.backends import BACKENDS
-    from moebench.gemm.triton_moe.config import GEMV_MAX_M
-    from moebench.gemm.workload import Workload
-
-    assert GEMV_MAX_M == 16
-    case = GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton")
-    built = BACKENDS["triton"].build(case, Workload(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "-"), "cpu"))
-    assert built.info["config"]["path"] == path

@@ -85,7 +85,23 @@ def test_the_measured_tiles_are_found_and_lay_out():
         assert (up, down) == (KernelConfig(**cfg["up"]), KernelConfig(**cfg["down"])), key
         assert w4_mma.lane_sets(up) and w4_mma.lane_sets(down)
     kimi64 = entries["w4mmax|7168|256|384|8|64"]
-    assert w4_experts.experts_config(64, 7168, 256, 384, 8) == (KernelConfig(**kimi64["up"]), KernelConfig(**kimi64["down"]))
+    assert w4_experts.experts_config(64, 7168, 256, 384, 8) == (KernelConfig(**kimi64["up"]),
+                                                                 KernelConfig(**kimi64["down"]))
+
+
+@pytest.mark.parametrize("m, path", [(16, "w4_mma"), (17, "w4_mma_experts"), (64, "w4_mma_experts")])
+def test_triton_int4_runs_pair_major_up_to_16_and_expert_major_above(m, path):
+    """The `triton` backend's int4-g32 fused cases: the pair-major tensor-core kernel up to GEMV_MAX_M, the
+    expert-major one above it (session 20: 1.8-2.3x the grouped path it replaced at M = 32-128)."""
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.triton_moe.config import GEMV_MAX_M
+    from moebench.gemm.workload import Workload
+
+    assert GEMV_MAX_M == 16
+    wl = Workload(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "-"), "cpu")
+    built = BACKENDS["triton"].build(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton"), wl)
+    assert built.info["config"]["path"] == path
 
 
 @pytest.mark.parametrize("m", [1, 64])

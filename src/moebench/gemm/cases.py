@@ -14,8 +14,7 @@ M_VALUES = (1, 2, 4, 8, 16, 32, 64, 128, 512)
 # Weight formats. fp8 is w8a8 (activations quantized on the fly); int4 and nvfp4 are weight-only (a16).
 DTYPES = ("bf16", "fp8-tensor", "fp8-block128", "int4-g32", "int4-g128", "nvfp4")
 BACKENDS = ("torch_loop", "torch_bmm", "torch_grouped_mm", "triton", "triton_rows4", "triton_experts", "vllm_triton",
-            "vllm_marlin",
-            "flashinfer_cutlass")
+            "vllm_marlin", "flashinfer_cutlass")
 ROTATIONS = 16  # distinct routings and inputs per CUDA graph (see workload.py on the L2 trap)
 
 

@@ -1,4 +1,4 @@
-"""moebench's own Triton kernels (moebench.gemm.triton_moe) as two backends:
+"""moebench's own Triton kernels (moebench.gemm.triton_moe) as three backends:
 
     triton        the grouped GEMM and decode-first fused MoE; int4-g32 fused runs the tensor-core int4
                   kernels: pair-major (w4_kernels.DEFAULT, "mma") at M <= 16, expert-major ("mma_experts") above
@@ -68,8 +68,8 @@ def build(case: GemmCase, wl, config=None) -> Built:
     op = case.op
     # A MoEConfig (the config sweep's candidate) tiles the gemv/grouped kernels; the int4 kernels have their
     # own tables and tuner (w4_tune.py), so they run only when no config is forced. Pair-major (mma) up to
-    # GEMV_MAX_M, expert-major above: session 20 measured it 1.7-2.2x the grouped path at M = 32-128 and the
-    # pair-major kernel 1.1-1.6x it at M <= 16 (docs/triton-moe-notes.md, version 6).
+    # GEMV_MAX_M, expert-major above: session 20 measured it 1.8-2.3x the grouped path at M = 32-128, and the
+    # pair-major kernel 1.05-1.45x it at M = 8-16 (docs/triton-moe-notes.md, version 6).
     if config is None and op == "fused" and case.dtype == "int4-g32":
         return build_w4(case, wl, kernel=None if wl.M <= GEMV_MAX_M else "mma_experts")
     names = {"fused": ("w1", "w2"), "expert": ("w1_gate",), "gemm1": ("w1",), "gemm2": ("w2",)}[op]

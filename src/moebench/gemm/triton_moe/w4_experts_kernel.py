@@ -183,11 +183,11 @@ def _chunk(a_ptr, w_ptr, s_ptr, ids_ptr, tw_ptr, out_ptr, w, s, wu, su, wrow, sr
     pe, po = tl.split(tl.reshape(pairs, [4, 2]))  # the pairs of columns 2c and 2c + 1, c = 0..3
     pe = pe[None, None, :]
     po = po[None, None, :]
-    if WEIGHTED:
-        y0 = y0 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
-        y2 = y2 * tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
-        y1 = y1 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
-        y3 = y3 * tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
+    if WEIGHTED:  # a column's top-k weight scales both its rows (g, g + 8)
+        tw_e = tl.load(tw_ptr + pe, mask=pe >= 0, other=0).to(tl.float32)
+        tw_o = tl.load(tw_ptr + po, mask=po >= 0, other=0).to(tl.float32)
+        y0, y2 = y0 * tw_e, y2 * tw_e
+        y1, y3 = y1 * tw_o, y3 * tw_o
     dst_e = out_ptr + pe.to(tl.int64) * stride_om + n0
     dst_o = out_ptr + po.to(tl.int64) * stride_om + n0
     ok_e = (pe >= 0) & (n0 < N)

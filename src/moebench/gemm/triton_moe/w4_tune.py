@@ -10,8 +10,7 @@ measured when the tuner starts. Per (model, M): every up tile with the default d
 down tile with the best up tile; each configuration is checked against the float32 reference before it is
 timed (a wrong one is listed with its error and skipped). Prints one line per case and writes all timings plus
 `table`: the winners in configs.json's `w4|...` (rows4), `w4mma|K|I|E|topk|M-bucket` (mma) or `w4mmax|...`
-(mma_experts) format, to
-copy into configs.json.
+(mma_experts) format, for apply_sweep to merge into configs.json (with the run's device, versions and commit).
 """
 
 from __future__ import annotations
@@ -19,6 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from moebench.core.files import atomic_write_text
+from moebench.core.provenance import git_commit
 
 # (block_n, block_k, num_warps) of the up kernel; the down kernel's (block_n, n_tiles, num_warps) for rows4,
 # (block_n, block_k, num_warps) for mma (block_n = 16 x row tiles, block_k = 32 x groups per step, the
@@ -35,9 +38,9 @@ DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2
               # one step over I = 256 keeps the 8 slots' fragments in registers (more steps double-buffer
               # them: 200+ registers)
               "mma": [(16, 64, 4), (16, 32, 8), (32, 64, 8), (16, 128, 2), (32, 128, 4), (64, 64, 16)],
-              # I = 256 in one step for 1-8 row tiles a program; (64, 256, 4) won most of session 20's sweep, and
-              # the (64, 128, 8) written before it (K split over 2 lane sets) read 1.5-1.6x slower
-              # one lane set a tile won everywhere, so the sweep goes on along that line (more or fewer row tiles)
+              # I = 256 in one step for 1-16 row tiles a program. One lane set a tile won session 20's sweep
+              # everywhere ((64, 256, 4) mostly; the (64, 128, 8) written before it, K split over 2 lane sets,
+              # read 1.5-1.6x slower), so the list goes on along that line: more or fewer row tiles
               "mma_experts": [(64, 256, 4), (64, 128, 8), (32, 128, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
                               (128, 128, 16), (16, 128, 2), (256, 256, 16), (32, 256, 2), (16, 256, 1)]}
 
@@ -134,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--kernel", default="mma", choices=list(KERNELS))
     ap.add_argument("--models", default="kimi-k2.5,deepseek-v3")
     ap.add_argument("--ms", default="1,2,4,8,16")
-    ap.add_argument("--out", default="w4_tune.json")
+    ap.add_argument("--out", type=Path, default=Path("w4_tune.json"))
     ap.add_argument("--smoke", action="store_true", help="the sweep's tiny shapes on CPU through the Triton interpreter")
     args = ap.parse_args(argv)
     from moebench.gemm.triton_moe import sweep
@@ -158,13 +161,14 @@ def main(argv=None) -> int:
 
     # apply_sweep records these in configs.json's `_sweeps` when it merges the table
     meta = {"device": torch.cuda.get_device_name() if device == "cuda" else device, "torch": torch.__version__,
-            "triton": triton.__version__, "what": f"w4_tune.py --kernel {args.kernel}"}
+            "triton": triton.__version__, "what": f"w4_tune.py --kernel {args.kernel}, tree {git_commit()}"}
     results = []
     for model, M in plan:
         results.append(tune_case(model, M, ceiling, lambda s: print(s, flush=True), **extra))
         table = {r["key"]: {"up": r["up"], "down": r["down"]} for r in results if "up" in r}
-        with open(args.out, "w") as f:  # after every case: a killed run keeps what it measured
-            json.dump({**meta, "read_ceiling_bytes_per_s": ceiling, "results": results, "table": table}, f, indent=1)
+        # after every case, atomically: a killed run keeps what it measured
+        atomic_write_text(args.out, json.dumps({**meta, "read_ceiling_bytes_per_s": ceiling, "results": results,
+                                                "table": table}, indent=1))
     return 0
 
 
