@@ -5,7 +5,8 @@
 # brings back half a file:
 #
 #   install-vllm     vLLM's kept parts installed (ci/stage_engine.py; waits up to 5 minutes for the last)
-#   gemm-aa          the default gemm selection and the selfcheck (-m "(gemm and not full) or selfcheck"),
+#   gemm-aa          the default gemm selection and the selfcheck (-m "(gemm and not full) or selfcheck", or
+#                    MOEBENCH_GEMM_M's expression when set),
 #                    MOEBENCH_AA_RUNS times (default 3), each a separate process gated against the committed
 #                    baselines: a fresh-machine A/A, and independent runs to promote (run-<i>.json, and the
 #                    A/A table in gemm-aa.log); no run starts that would end past MOEBENCH_AA_BUDGET_S
@@ -19,11 +20,13 @@
 #   plant-attention  ci/planted's vLLM plugin running one MLA decode attention call in round(1/F) twice
 #                    (MOEBENCH_PLANT_ATTENTION, default 0.07) on the in-process Kimi INT4 rank, gated: it must
 #                    fail on step_attention_ms, "moved most: attention" (plant-attention.tgz)
-#   counters-aa      issue 34's counter runs: MOEBENCH_AA_RUNS (default 3) separate processes of the gemm cases
+#   counters-aa      issue 34's counter runs: MOEBENCH_COUNTERS_RUNS (default MOEBENCH_AA_RUNS, else 3; no run
+#                    starts past MOEBENCH_COUNTERS_BUDGET_S, default 1500) separate processes of the gemm cases
 #                    -m "$MOEBENCH_COUNTERS_M" selects (default: the default selection's triton and vllm_marlin,
 #                    "gemm and not full and (triton or vllm_marlin)"), narrowed by -k "$MOEBENCH_COUNTERS_K"
 #                    when set, with --counters (ncu: MOEBENCH_NCU, default /usr/local/cuda/bin/ncu), gated
-#                    against the committed baselines: counters.tgz (run-<i>.json, the kept ncu tables)
+#                    against the committed baselines: counters.tgz (run-<i>.json, the kept ncu tables), and
+#                    each run as it finishes: counters-run-<i>.json
 #   counters-promote counters-aa's runs promoted (every case) into a scratch copy of the committed baselines,
 #                    $MOEBENCH_LENT_SCRATCH/baselines, which plant-narrow then gates against
 #   plant-narrow     ci/planted's narrow weight loads (MOEBENCH_PLANT_NARROW_LOADS=1: the same bytes in twice the
@@ -81,13 +84,29 @@ in_suite() {
 decode_lent() { ci/lent.sh decode --scratch "$scratch" --out "$scratch/lent-out" --pass gate "$@"; }
 
 export MOEBENCH_NCU=${MOEBENCH_NCU:-/usr/local/cuda/bin/ncu}
+publish_runs() {  # each finished run-<i>.json of $1 into $out as $2-run-<i>.json (once; dot name, then renamed)
+  local f b
+  for f in "$1"/run-*.json; do
+    [ -f "$f" ] || continue
+    b="$2-${f##*/}"
+    [ -e "$out/$b" ] || { cp -p "$f" "$out/.$b" && mv "$out/.$b" "$out/$b"; }
+  done
+}
 counters_aa() {  # the counted runs, into $scratch/counters (run-<i>.json; ncu's tables kept in ncu/)
-  local k=()
+  local k=() rc watcher
   [ -n "${MOEBENCH_COUNTERS_K:-}" ] && k=(-k "$MOEBENCH_COUNTERS_K")
   mkdir -p "$scratch/counters/ncu"
-  MOEBENCH_NCU_KEEP="$scratch/counters/ncu" in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
-    --budget-s "${MOEBENCH_AA_BUDGET_S:-1500}" --out "$scratch/counters" -- benchmarks/ \
+  # a counted run takes 10+ minutes: each one comes back as it finishes (counters-run-<i>.json), so a lease
+  # that ends inside the step still brings back the runs it finished (the step's .tgz is packed at its end)
+  ( while sleep 20; do publish_runs "$scratch/counters" counters; done ) &
+  watcher=$!
+  MOEBENCH_NCU_KEEP="$scratch/counters/ncu" in_suite python3 -m moebench aa \
+    --runs "${MOEBENCH_COUNTERS_RUNS:-${MOEBENCH_AA_RUNS:-3}}" --budget-s "${MOEBENCH_COUNTERS_BUDGET_S:-1500}" --out "$scratch/counters" -- benchmarks/ \
     -m "${MOEBENCH_COUNTERS_M:-gemm and not full and (triton or vllm_marlin)}" "${k[@]}" --counters
+  rc=$?
+  kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null
+  publish_runs "$scratch/counters" counters
+  return $rc
 }
 counters_promote() {  # counters-aa's runs as the entries of a scratch copy of the committed baselines
   local runs=("$scratch"/counters-done/run-*.json)
@@ -108,7 +127,8 @@ for s in "$@"; do
   case "$s" in
     install-vllm) install vllm-0.21.0 /tmp/site 300 || { [ "$first_rc" -eq 0 ] && first_rc=1; } ;;
     gemm-aa) step gemm-aa in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
-      --budget-s "${MOEBENCH_AA_BUDGET_S:-1300}" --out "$out" -- benchmarks/ -m "(gemm and not full) or selfcheck" ;;
+      --budget-s "${MOEBENCH_AA_BUDGET_S:-1300}" --out "$out" -- benchmarks/ \
+      -m "${MOEBENCH_GEMM_M:-(gemm and not full) or selfcheck}" ;;
     # SGLang is not staged by this job: its entries would read as strict skips
     decode-gate) step decode-gate decode_lent -- -k "not sglang" --decode-instances "${MOEBENCH_DECODE_INSTANCES:-1}" ;;
     plant-marlin) PLANTED=1 MOEBENCH_PLANT_MARLIN_CYCLES=${MOEBENCH_PLANT_MARLIN_CYCLES:-700} \

@@ -19,16 +19,19 @@ exit 0
 """
 
 
-def gate_job(tmp_path: Path, *steps: str, python: str = FAKE_PYTHON) -> subprocess.CompletedProcess:
-    """ci/gate_h200.sh STEPS with `python` standing in for python3, its out and scratch folders in tmp_path."""
+def gate_job(tmp_path: Path, *steps: str, python: str = FAKE_PYTHON, **extra_env: str) -> subprocess.CompletedProcess:
+    """ci/gate_h200.sh STEPS with `python` standing in for python3, its out and scratch folders in tmp_path,
+    and extra_env's variables set."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     fake = bin_dir / "python3"
     fake.write_text(python)
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", JOB_OUT=str(tmp_path / "out"),
-               MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="")
-    env.pop("MOEBENCH_NCU", None)
+               MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="", **extra_env)
+    for name in ("MOEBENCH_NCU", "MOEBENCH_GEMM_M", "MOEBENCH_AA_RUNS", "MOEBENCH_COUNTERS_RUNS"):
+        if name not in extra_env:
+            env.pop(name, None)
     return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=60)
 
@@ -71,6 +74,7 @@ def test_the_counter_steps_count_promote_into_scratch_and_gate_the_plant_against
     assert "--counters" in aa and "gemm and not full and (triton or vllm_marlin)" in aa
     assert "NCU=/usr/local/cuda/bin/ncu" in aa  # the image's ncu when MOEBENCH_NCU names none
     assert (out / "counters-aa.tgz").exists()  # the runs come back packed
+    assert (out / "counters-run-1.json").read_text() == "{}\n"  # and each one on its own, once it finished
     promote = (out / "counters-promote.log").read_text()
     assert f"baselines promote {scratch}/counters-done/run-1.json --all --baseline-dir {scratch}/baselines" in promote
     assert (scratch / "baselines").is_dir()  # a copy of the committed entries, which the promote then changes
@@ -85,3 +89,16 @@ def test_promoting_without_counted_runs_fails_and_the_plant_gates_against_the_co
     assert r.returncode == 2, r.stdout + r.stderr
     assert "no run-*.json" in (tmp_path / "out" / "counters-promote.log").read_text()
     assert "--baseline-dir baselines " in (tmp_path / "out" / "plant-narrow.log").read_text()
+
+
+def test_one_job_times_a_narrowed_selection_more_often_than_it_counts_it(tmp_path):
+    """A lease too short for three counted runs: three timed runs of the counted selection (gemm-aa narrowed
+    by MOEBENCH_GEMM_M), and one counted run (MOEBENCH_COUNTERS_RUNS)."""
+    sel = "gemm and not full and (triton or vllm_marlin)"
+    r = gate_job(tmp_path, "gemm-aa", "counters-aa", python=FAKE_COUNTING_PYTHON, MOEBENCH_GEMM_M=sel,
+                 MOEBENCH_AA_RUNS="3", MOEBENCH_COUNTERS_RUNS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    timed = (tmp_path / "out" / "gemm-aa.log").read_text()
+    assert "moebench aa --runs 3 " in timed and f"-m {sel} PYTHONPATH" in timed and "selfcheck" not in timed
+    counted = (tmp_path / "out" / "counters-aa.log").read_text()
+    assert "moebench aa --runs 1 " in counted and "--counters" in counted
