@@ -247,14 +247,18 @@ def test_a_metric_of_the_same_machines_but_fewer_runs_names_its_runs_only():
     assert "machines" not in c and c["independent_runs"] == 2 and e["independent_runs"] == 3
 
 
-def _counted_run_file(tmp_path: Path, name: str, machine: str, counted: bool) -> Path:
-    """A results file of `machine` whose copy case also measured a gated counter when `counted`."""
+def _counted_run_file(tmp_path: Path, name: str, machine: str, counted: bool, counting: bool | None = None) -> Path:
+    """A results file of `machine` whose copy case also measured a gated counter when `counted`; `counting`
+    (default: counted): the run counted the case (its info records a counting, as --counters writes it),
+    whether or not the counter is among what it counted."""
     p = _run_file(tmp_path, name, 1.0, machine)
     doc = json.loads(p.read_text())
     case = next(c for c in doc["cases"] if c["key"] == COPY)
     if counted:
         case["metrics"]["ncu_dram_read_bytes"] = {"value": 2.147e9, "unit": "B", "direction": "lower", "gated": True,
                                                   "n": 1, "noise": 0.0, "rel_tol": 0.01, "kind": "device_counter"}
+    if counted if counting is None else counting:
+        case.setdefault("info", {})["counters"] = {"ncu": "/usr/local/cuda/bin/ncu", "counting": {"tool": "ncu"}}
     p.write_text(json.dumps(doc))
     return p
 
@@ -283,8 +287,9 @@ def test_promote_with_the_committed_file_first_keeps_its_machines_and_stores_the
 
 
 def test_promote_says_which_metric_a_measured_run_lacked_and_drops_it(tmp_path, capsys):
+    # run 2 counted the case and the counter is not among its counts (a kernel renamed, a metric gone)
     committed = _committed_file(tmp_path)
-    runs = [_counted_run_file(tmp_path, f"run-{i}.json", "gpu-eeeeeeeeeeee", i != 2) for i in (1, 2, 3)]
+    runs = [_counted_run_file(tmp_path, f"run-{i}.json", "gpu-eeeeeeeeeeee", i != 2, counting=True) for i in (1, 2, 3)]
     root = tmp_path / "baselines"
     capsys.readouterr()
     assert main(["baselines", "promote", str(committed), *map(str, runs), "--case", COPY,
@@ -294,3 +299,25 @@ def test_promote_says_which_metric_a_measured_run_lacked_and_drops_it(tmp_path, 
             "(a metric is kept when every measured run among the sources measured it") in out
     e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
     assert set(e["metrics"]) == {"copy_GBps"} and len(e["machines"]) == 5
+
+
+def test_promote_of_timed_runs_beside_a_counted_one_keeps_the_counter_of_the_run_that_counted(tmp_path, capsys):
+    # the usual lease: three runs timed, one counted (counting takes 4-5x as long); the timed runs say
+    # nothing of the counter, so it is kept from the counted run, and the time is over all four
+    runs = [_counted_run_file(tmp_path, f"run-{i}.json", "gpu-eeeeeeeeeeee", i == 4) for i in (1, 2, 3, 4)]
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    assert "dropped" not in capsys.readouterr().out
+    e = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]
+    assert e["independent_runs"] == 4 and "independent_runs" not in e["metrics"]["copy_GBps"]
+    assert e["metrics"]["ncu_dram_read_bytes"]["independent_runs"] == 1
+
+
+def test_a_run_that_did_not_count_leaves_out_no_counter_but_still_every_other_metric():
+    counted = kernel_entry(24.4, "gpu-e", counted=24.84e6)
+    timed = kernel_entry(24.5, "gpu-e")
+    e = combine_entries([counted, timed, timed], "k", uncounted=[False, True, True])
+    assert e["metrics"]["ncu_dram_read_bytes"]["independent_runs"] == 1 and e["independent_runs"] == 3
+    # a time metric the uncounted run lacks is still left out: only a hardware counter may be missing
+    counted["metrics"]["other_us"] = dict(counted["metrics"]["graph_us"])
+    assert metrics_left_out([counted, timed], None, "k", [False, True]) == {"other_us": (1,)}

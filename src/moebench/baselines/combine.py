@@ -16,8 +16,12 @@ predate a metric). A metric is kept when every measured run among the sources ha
 that have it: counters counted on one new machine, promoted with the committed file whose time entries
 span four, keep those four machines' time and store the counters as measured on the one (the metric's own
 `machines` and `independent_runs`, written only where they differ from the entry's). A metric a measured
-run lacks is left out (a case that no longer measures it, or runs without --counters beside counted ones):
-metrics_left_out says which, for the caller to say so.
+run lacks is left out (a case that no longer measures it, or a kernel renamed under --counters):
+metrics_left_out says which, for the caller to say so. A run that did not count the case (made without
+--counters, or on a machine that could not count) lacks its hardware counters without saying they went:
+its time joins the timed runs' and the counters stay those of the runs that counted (`uncounted`). Timing
+is cheap and counting is not (an 86-case run: 2 minutes timed, 9 under ncu), so three timed runs and one
+counted one are the usual sources.
 
 Pure functions over entry dicts (the baseline file's own form): no I/O.
 """
@@ -30,6 +34,7 @@ from typing import Sequence
 
 from moebench.baselines.rules import metric_machines, metric_runs
 from moebench.baselines.schema import BaselineError
+from moebench.core.kinds import DEVICE_COUNTER
 
 
 def half_range(values: Sequence[float]) -> float:
@@ -100,13 +105,13 @@ def _provenance(entries: Sequence[dict], runs: int) -> dict:
     return out
 
 
-def _stored_flags(entries: Sequence[dict], stored: Sequence[bool] | None, where: str) -> list[bool]:
-    """Which entries come from stored sources (None: none, every entry a measured run)."""
-    if stored is None:
+def _flags(entries: Sequence[dict], flags: Sequence[bool] | None, where: str) -> list[bool]:
+    """One flag an entry (`stored`, `uncounted`), all False when None."""
+    if flags is None:
         return [False] * len(entries)
-    if len(stored) != len(entries):
-        raise BaselineError(f"{where}: {len(stored)} source kinds for {len(entries)} runs")
-    return [bool(s) for s in stored]
+    if len(flags) != len(entries):
+        raise BaselineError(f"{where}: {len(flags)} source kinds for {len(entries)} runs")
+    return [bool(f) for f in flags]
 
 
 def _names_in_order(entries: Sequence[dict]) -> list[str]:
@@ -114,15 +119,25 @@ def _names_in_order(entries: Sequence[dict]) -> list[str]:
     return list(dict.fromkeys(n for e in entries for n in e["metrics"]))
 
 
-def metrics_left_out(entries: Sequence[dict], stored: Sequence[bool] | None = None,
-                     where: str = "") -> dict[str, tuple[int, ...]]:
+def _is_counter(entries: Sequence[dict], name: str) -> bool:
+    """Whether metric `name` is a hardware counter (kind DEVICE_COUNTER) in the entries that have it."""
+    return any(e["metrics"][name].get("kind") == DEVICE_COUNTER for e in entries if name in e["metrics"])
+
+
+def metrics_left_out(entries: Sequence[dict], stored: Sequence[bool] | None = None, where: str = "",
+                     uncounted: Sequence[bool] | None = None) -> dict[str, tuple[int, ...]]:
     """The metrics combine_entries leaves out, each with the positions (in `entries`) of the measured runs
     that lack it; `stored[i]`: entries[i] comes from a stored source (a baseline file or a proposal), which
-    may lack a metric recorded after it (None: every entry is a measured run)."""
-    flags = _stored_flags(entries, stored, where)
+    may lack a metric recorded after it (None: every entry is a measured run); `uncounted[i]`: entries[i] is
+    a measured run that did not count the case, whose lack of a hardware counter is no sign the counter went
+    (None: every measured run counted what it lacks)."""
+    flags = _flags(entries, stored, where)
+    not_counting = _flags(entries, uncounted, where)
     out = {}
     for name in _names_in_order(entries):
-        lacking = tuple(i for i, e in enumerate(entries) if not flags[i] and name not in e["metrics"])
+        counter = _is_counter(entries, name)
+        lacking = tuple(i for i, e in enumerate(entries)
+                        if not flags[i] and name not in e["metrics"] and not (counter and not_counting[i]))
         if lacking:
             out[name] = lacking
     return out
@@ -141,11 +156,14 @@ def _recorders(sources: Sequence[dict], name: str) -> tuple[list[str], int]:
     return machines, runs
 
 
-def combine_entries(entries: Sequence[dict], where: str, stored: Sequence[bool] | None = None) -> dict:
+def combine_entries(entries: Sequence[dict], where: str, stored: Sequence[bool] | None = None,
+                    uncounted: Sequence[bool] | None = None) -> dict:
     """One entry from the same case's entries of separate runs (each naming its machines and independent
     runs; an entry naming none counts as one run on an unknown machine). `stored[i]`: entries[i] comes from
     a stored source (a baseline file or a proposal) rather than a measured run (None: every entry is a
-    measured run). A metric is kept when every measured run has it, combined over the entries that have it;
+    measured run); `uncounted[i]`: entries[i] is a measured run that did not count the case (None: all did).
+    A metric is kept when every measured run has it (a hardware counter: every one that counted), combined
+    over the entries that have it;
     one measured by fewer than all of them names its own `machines` and `independent_runs` where they differ
     from the entry's (metrics_left_out says which are left out). Raises BaselineError naming `where` (the
     case) when the runs are not of one case."""
@@ -154,7 +172,7 @@ def combine_entries(entries: Sequence[dict], where: str, stored: Sequence[bool] 
     if len(entries) == 1:
         return dict(entries[0])
     def_hash = _same(entries, lambda e: e["definition_hash"], "the case definition (definition_hash)", where)
-    left_out = metrics_left_out(entries, stored, where)
+    left_out = metrics_left_out(entries, stored, where, uncounted)
     sources = {n: [e for e in entries if n in e["metrics"]] for n in _names_in_order(entries) if n not in left_out}
     metrics = {n: _metric(n, [(_metric_group(e, e["metrics"][n]), e["metrics"][n]) for e in es], f"{where} {n}")
                for n, es in sources.items()}

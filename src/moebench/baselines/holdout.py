@@ -45,26 +45,29 @@ class HeldOut:
 
 
 def hold_out(runs: Mapping[str, Sequence[dict]], stored: Mapping[str, dict],
-             from_stored: Mapping[str, Sequence[bool]] | None = None) -> list[HeldOut]:
+             from_stored: Mapping[str, Sequence[bool]] | None = None,
+             uncounted: Mapping[str, Sequence[bool]] | None = None) -> list[HeldOut]:
     """For each case (`runs`: key -> its entries from every source) and each of its machine groups with
     at least two others beside it, that group's runs gated against the other groups' combined entry
     (prepared over `stored[key]`, the entry in the baseline file now, if any). `from_stored[key][i]`: the
     i-th of runs[key] comes from a stored baseline file or a proposal, which may predate a metric (as
-    promote combines them; none given: every run is a measured one). Cases measured on fewer than three
+    promote combines them; none given: every run is a measured one); `uncounted[key][i]`: it is a measured
+    run that did not count the case (combine.combine_entries). Cases measured on fewer than three
     machine groups are left out: one machine left over has no spread between machines to test."""
     out: list[HeldOut] = []
     for key in sorted(runs):
         kinds = (from_stored or {}).get(key) or [False] * len(runs[key])
-        groups: dict[str, list[tuple[dict, bool]]] = {}
-        for e, is_stored in zip(runs[key], kinds, strict=True):
-            groups.setdefault(machine_group(e), []).append((e, is_stored))
+        counting = (uncounted or {}).get(key) or [False] * len(runs[key])
+        groups: dict[str, list[tuple[dict, bool, bool]]] = {}
+        for e, is_stored, not_counted in zip(runs[key], kinds, counting, strict=True):
+            groups.setdefault(machine_group(e), []).append((e, is_stored, not_counted))
         if len(groups) < 3:
             continue
         for machine in sorted(groups):
-            rest = [pair for g, pairs in groups.items() if g != machine for pair in pairs]
-            combined = combine_entries([e for e, _ in rest], key, [s for _, s in rest])
+            rest = [t for g, ts in groups.items() if g != machine for t in ts]
+            combined = combine_entries([e for e, _, _ in rest], key, [s for _, s, _ in rest], [u for _, _, u in rest])
             entry, _ = prepare_entry(key, combined, stored.get(key))
-            out += [_held_out_run(machine, key, run, entry, len(groups) - 1) for run, _ in groups[machine]]
+            out += [_held_out_run(machine, key, run, entry, len(groups) - 1) for run, _, _ in groups[machine]]
     return out
 
 

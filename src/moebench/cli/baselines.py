@@ -193,7 +193,7 @@ class PromotionSource(NamedTuple):
     hardware_key: str
     family: str
     fingerprint: dict
-    entries: dict[str, dict]  # case key -> entry (a measured run's with its `_verdict`)
+    entries: dict[str, dict]  # case key -> entry (a measured run's with its `_verdict` and `_counted`)
     note: str  # "measured in PATH" or "proposed in PATH", for the output
     path: str
     stored: bool
@@ -216,9 +216,12 @@ def promotion_source(path: Path) -> list[PromotionSource]:
                                 f"proposed in {path}", str(path), stored=True)]
     run = ResultsDoc.from_json(doc, str(path))
     verdicts = {k: c.verdict for k, c in run.cases.items()}
+    # counted: the case's hardware counters were read in this run (a counting recorded); a run without
+    # --counters, or one that could not count, says nothing of whether a counter still exists
+    counted = {k for k, c in run.cases.items() if "counting" in (c.info.get("counters") or {})}
     return [PromotionSource(run.hardware_key, fam, run.fingerprint,
-                            {k: dict(e, _verdict=verdicts[k]) for k, e in entries.items()}, f"measured in {path}",
-                            str(path), stored=False)
+                            {k: dict(e, _verdict=verdicts[k], _counted=k in counted) for k, e in entries.items()},
+                            f"measured in {path}", str(path), stored=False)
             for fam, entries in sorted(baseline_entries(run).items())]
 
 
@@ -241,12 +244,13 @@ def _combine_cases(parts: list[PromotionSource]) -> tuple[dict[str, dict], dict[
     merged: dict[str, dict] = {}
     left_out: dict[str, LeftOut] = {}
     for k, pairs in by_key.items():
-        entries = [{f: v for f, v in e.items() if f != "_verdict"} for e, _ in pairs]
+        entries = [{f: v for f, v in e.items() if f not in ("_verdict", "_counted")} for e, _ in pairs]
         stored = [src.stored for _, src in pairs]  # a stored source may predate a metric; a measured run may not
+        uncounted = [not src.stored and not e.get("_counted") for e, src in pairs]  # ... unless it did not count
         worst = max((e.get("_verdict") for e, _ in pairs if e.get("_verdict")), key=lambda v: -display_rank(v),
                     default=None)
-        merged[k] = dict(combine_entries(entries, k, stored), **({"_verdict": worst} if worst else {}))
-        for name, lacking in metrics_left_out(entries, stored, k).items():
+        merged[k] = dict(combine_entries(entries, k, stored, uncounted), **({"_verdict": worst} if worst else {}))
+        for name, lacking in metrics_left_out(entries, stored, k, uncounted).items():
             out = left_out.setdefault(name, LeftOut())
             out.cases.append(k)
             out.runs.extend(pairs[i][1].path for i in lacking if pairs[i][1].path not in out.runs)
@@ -289,7 +293,7 @@ def cmd_baselines_promote(args: argparse.Namespace) -> int:
     sources, left_out = _combined_sources(args.source, keep)
     updates, notes, sizes = [], {}, {}
     for hw, fam, fp, entries, note in sources:
-        chosen = {k: {f: v for f, v in e.items() if f != "_verdict"} for k, e in entries.items() if keep(k)}
+        chosen = {k: {f: v for f, v in e.items() if f not in ("_verdict", "_counted")} for k, e in entries.items() if keep(k)}
         if not chosen:
             continue
         updates.append((hw, fam, fp, chosen))

@@ -22,18 +22,20 @@ def cmd_baselines_holdout(args: argparse.Namespace) -> int:
     check_patterns(args.case, [k for src in parts for k in src.entries], where)
     keep = matcher(args.case) if not args.all else (lambda k: True)
     runs: dict[str, list[dict]] = {}
-    from_stored: dict[str, list[bool]] = {}  # as promote combines them: a stored source may predate a metric
+    from_stored: dict[str, list[bool]] = {}  # as promote combines them: a stored source may predate a metric,
+    uncounted: dict[str, list[bool]] = {}    # and a run that did not count the case lacks its counters
     stored: dict[str, dict] = {}
     for src in parts:
         target = family_path(Path(args.baseline_dir), src.hardware_key, src.family)
         now = load_file(target)["entries"] if target.is_file() else {}
         for k, e in src.entries.items():
             if keep(k):
-                runs.setdefault(k, []).append({f: v for f, v in e.items() if f != "_verdict"})
+                runs.setdefault(k, []).append({f: v for f, v in e.items() if f not in ("_verdict", "_counted")})
                 from_stored.setdefault(k, []).append(src.stored)
+                uncounted.setdefault(k, []).append(not src.stored and not e.get("_counted"))
                 if k in now:
                     stored[k] = now[k]
-    rows = hold_out(runs, stored, from_stored)
+    rows = hold_out(runs, stored, from_stored, uncounted)
     if not rows:
         groups = {machine_group(e) for es in runs.values() for e in es}
         raise CliError(f"{where}: no selected case was measured on 3 or more machines (machines: "

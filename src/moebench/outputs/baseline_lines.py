@@ -58,8 +58,8 @@ def left_out_line(metric: str, cases: Sequence[str], runs: Sequence[str]) -> str
     shown = ", ".join(cases[:3]) + (f" and {len(cases) - 3} more" if len(cases) > 3 else "")
     return (f"  ! {metric} dropped from {len(cases)} case{'s' if len(cases) != 1 else ''} ({shown}): not measured "
             f"in {', '.join(runs)}, {'a measured run' if len(runs) == 1 else 'measured runs'} (a metric is kept "
-            "when every measured run among the sources measured it; only a stored baseline file or proposal may "
-            "lack it)")
+            "when every measured run among the sources measured it; only a stored baseline file or proposal, or a "
+            "run that did not count the case, may lack it)")
 
 
 def write_updates(state, *, propose_dir: str | None = None) -> tuple[list[str], list[str]]:
