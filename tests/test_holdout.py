@@ -109,3 +109,14 @@ def test_a_counter_the_stored_source_predates_is_held_out_with_the_spread_of_its
     assert (c.machines, c.measured_machine_spread) == (2, pytest.approx(half_range([100.0, 101.0]), abs=1e-6))
     assert c.verdict is Verdict.AMBIGUOUS
     assert rows["f"].comparisons["graph_us"].machines == 5
+
+
+def test_the_counters_of_counted_runs_are_held_out_beside_timed_runs_that_did_not_count():
+    # each machine: one timed run, one counted one; d's kernel reads 5% more bytes
+    runs = {KEY: [r for m, b in (("a", 1000.0), ("b", 1000.0), ("c", 1000.0), ("d", 1050.0))
+                  for r in (run(100.0, m), counted(100.0, m, b))]}
+    uncounted = {KEY: [i % 2 == 0 for i in range(8)]}
+    wrong = false_verdicts(hold_out(runs, {}, None, uncounted))
+    assert {(r.machine, metric) for r, metric, _ in wrong} == {("d", "ncu_dram_read_bytes")}
+    # told nothing of which runs counted, the timed runs drop the counter from every entry: none is gated
+    assert false_verdicts(hold_out(runs, {})) == []
