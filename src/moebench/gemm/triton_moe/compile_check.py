@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import act_quant, gemv, grouped, w4_experts_kernel, w4_kernel, w4_mma_kernel
+from . import act_quant, gemv, grouped, w4_experts_kernel, w4_fused_kernel, w4_kernel, w4_mma_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 # Triton specializes int arguments that are multiples of 16 (as N, K and strides are for the real
@@ -101,6 +101,13 @@ def specs() -> list[Spec]:
     out.append(Spec("w4experts_down", w4_experts_kernel.moebench_w4_experts, w4, dict(
         K=256, UP_ROWS=0, A_DIV=1, WEIGHTED=True, PAIRS_P=512, RT=4, KS=1, GPI=8,
         PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), num_warps=4, opts=dict(launch_pdl=True)))
+    # the one-launch int4 kernel (w4_fused_kernel.py) at the M = 1 up tiles (16 rows, 16 lane sets of 4 groups):
+    # up's registers and down's 28 tiles in flight must fit 128 a thread (16 warps, one program an SM)
+    out.append(Spec("w4fused", w4_fused_kernel.moebench_w4_fused, dict(
+        a_ptr="*i32", w1_ptr="*i32", s1_ptr="*i32", w2_ptr="*i32", s2_ptr="*i32", ids_ptr="*i32", tw_ptr="*fp32",
+        h_ptr="*bf16", hw_ptr="*i32", ws_ptr="*fp32", out_ptr="*bf16", sync_ptr="*i32"), dict(
+        K=7168, I=256, TOPK=8, KS=16, GPI=4, CHUNK=16, SL_P=512, PHASE=3, USE_ASM=True, SPIN_MAX=1 << 20),
+        num_warps=16))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):

@@ -3,7 +3,7 @@ much its down launch's (issue 32; docs/triton-moe-notes.md, "The next device cal
 
     python -m moebench.gemm.triton_moe.w4_split --out split.json [--models kimi-k2.5,deepseek-v3]
                                                 [--ms 1,2,4,8,16] [--replays N]
-                                                [--prefetch-down [l2,evict_last]]
+                                                [--prefetch-down [l2,evict_last]] [--fused]
     python -m moebench.gemm.triton_moe.w4_split --smoke --out smoke.json   # CPU interpreter, tiny shapes
 
 A case is the gemm family's GemmCase(model, 8, "fused", M, "int4-g32", "decode", "triton") on its Workload
@@ -20,6 +20,13 @@ means both modes), each mode adds two more, timed right after `both` in the same
 with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefetch` holds what it saved
 (w4_split_report.prefetch_summary). The prefetch cannot change a result: both with it is checked against the
 reference and up alone with it must reproduce the kept activations bit for bit, like the others.
+
+With --fused (issue 32's one launch, w4_fused.py), `fused` is timed right after `both`: the same call in one
+launch, its programs' own down work issued behind their up loop and a wait for their pair's activations. It is
+checked against the reference like both, twice (the second call starts from the workspace and counters the
+first left), and no program may have given up its wait; a case whose grid does not fit the GPU in one wave
+(M > 1 on the real shapes) records why and times the rest. The report's `fused` holds its time and what it
+saved against both (w4_split_report.fused_summary).
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -39,7 +46,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -53,12 +60,12 @@ from moebench.gemm.backends.base import Built
 from moebench.gemm.backends.triton_backend import w4_operands
 from moebench.gemm.cases import ROTATIONS, GemmCase
 from moebench.gemm.presets import PRESETS
-from moebench.gemm.triton_moe import w4_mma
+from moebench.gemm.triton_moe import w4_fused, w4_mma
 from moebench.gemm.triton_moe.config import GEMV_MAX_M
 from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
 from moebench.gemm.triton_moe.w4_prefetch import MODES as PREFETCH_MODES
-from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, kernel_bytes, prefetch_line,
-                                                      prefetch_summary, summarize, verdict)
+from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, fused_line, fused_summary, kernel_bytes,
+                                                      prefetch_line, prefetch_summary, summarize, verdict)
 from moebench.gemm.workload import Workload
 
 PROG = "w4_split"
@@ -68,7 +75,7 @@ TP = 8
 DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
 LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
-          "down": "down alone", "both": "both (up then down)"}
+          "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)"}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -137,6 +144,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
     ap.add_argument("--prefetch-down", nargs="?", const=PREFETCH_ALL, default=None, metavar="MODES",
                     help=f"also time the up launch's L2 prefetch of down's weights, on against off (comma-separated "
                          f"modes; bare: {PREFETCH_ALL})")
+    ap.add_argument("--fused", action="store_true",
+                    help="also time the one-launch kernel (w4_fused.py) right after both (up then down)")
     args = ap.parse_args(argv)
     if args.replays is not None and args.replays < 1:
         ap.error(f"--replays must be >= 1, got {args.replays}")
@@ -152,13 +161,21 @@ def write_report(path: str | Path, doc: dict) -> None:
     atomic_write_text(Path(path), json.dumps(doc, indent=1) + "\n")
 
 
-def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Built], list]:
+@dataclass
+class FusedBuilt(Built):
+    """The one-launch calls, with the FusedCall of each rotation (its error word is read after the check)."""
+
+    fused_calls: list = field(default_factory=list)
+
+
+def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tuple[dict, dict[str, Built], list]:
     """(tiles, {"both", "up", "down", "bench_i32"}, activations) over the workload's rotations, on the weights
     and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations
     are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the backend's
     call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch
     mode adds "up_pf_<mode>" and "both_pf_<mode>": the same calls with the up launch prefetching down's weights
-    into L2."""
+    into L2. fused adds "fused", the one-launch kernel on the same calls (w4_fused.plan_fused each, so each
+    rotation has its own workspace and counters), or tiles["fused_refused"] with plan_fused's reason."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -180,6 +197,13 @@ def split_builds(wl, prefetch: tuple[str, ...] = ()) -> tuple[dict, dict[str, Bu
         builds[f"up_pf_{mode}"] = Built([lambda c=c: w4_mma.up_launch(c) for c in pf])
         builds[f"both_pf_{mode}"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in pf])
     tiles = {"up": up.__dict__, "down": down.__dict__, "pdl": calls[0].pdl}
+    if fused:
+        try:
+            fcs = [w4_fused.plan_fused(c) for c in calls]
+            builds["fused"] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
+            tiles["fused_warps"] = fcs[0].ks
+        except ValueError as e:
+            tiles["fused_refused"] = str(e)
     return tiles, builds, hs
 
 
@@ -195,8 +219,20 @@ def check_up_alone(up: Built, activations: list, wl, key: str) -> None:
                                  f"{int((got != kept).sum())} of {kept.numel()} values")
 
 
+def check_fused(fused: FusedBuilt, wl, key: str) -> float:
+    """The one-launch calls against the float32 reference, twice (the second call starts from the workspace and
+    counters the first left); AssertionError if a check fails or a program gave up its wait. Its rel_error."""
+    err = runner.check(fused, wl, key=key)["rel_error"]
+    err = max(err, runner.check(fused, wl, key=f"{key}, second call")["rel_error"])
+    failed = [r for r, fc in enumerate(fused.fused_calls) if w4_fused.wait_failed(fc)]
+    if failed:
+        raise AssertionError(f"{key}: a program gave up waiting for its pair in rotation {failed[0]} (the grid was "
+                             f"not resident at once)")
+    return err
+
+
 def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log,
-                 prefetch: tuple[str, ...] = ()) -> dict:
+                 prefetch: tuple[str, ...] = (), fused: bool = False) -> dict:
     """Check, then time, one case's four variants (and two per prefetch mode); the case's entry of the report.
     AssertionError when an output is wrong (nothing is timed then)."""
     entry = {"case": case.key, "model": case.model, "tp": case.tp, "M": case.m, "dtype": case.dtype}
@@ -204,7 +240,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device, rotations)
     backend = BACKENDS[case.backend]
     bench = backend.build(case, wl)
-    tiles, builds, activations = split_builds(wl, prefetch)
+    tiles, builds, activations = split_builds(wl, prefetch, fused)
     if bench.info["config"] != {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}:
         raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
                            f"would time another kernel")
@@ -218,6 +254,10 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "bench_i32": runner.check(builds["bench_i32"], wl, key=f"{case.key} int32 ids")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
+    if "fused" in builds:
+        entry["rel_error"]["fused"] = check_fused(builds["fused"], wl, f"{case.key} one launch")
+    elif fused:
+        log(f"{case.model} M={case.m}: no one-launch timing: {tiles['fused_refused']}")
     for mode in prefetch:
         entry["rel_error"][f"both_pf_{mode}"] = runner.check(
             builds[f"both_pf_{mode}"], wl, key=f"{case.key} up+down, prefetch {mode}")["rel_error"]
@@ -225,7 +265,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     times = {}
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
-    order = ["bench", "bench_i32", "up", "down", "both"] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
+    order = ["bench", "bench_i32", "up", "down", "both"] + (["fused"] if "fused" in builds else []) \
+        + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
         log(f"{case.model} M={case.m}: timing {LABELS[name] if name in LABELS else _pf_label(name)}")
@@ -243,6 +284,9 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     log(case_line(case.model, case.m, entry, ceiling))
     log(f"  bench on int32 ids (no conversion kernel): {entry['bench_i32_us']:.2f} us "
         f"({100 * entry['bench_i32_vs_bench']:+.1f}% against bench)")
+    if "fused" in times:
+        entry["fused"] = fused_summary(times)
+        log(fused_line(case.model, case.m, entry["fused"]))
     if prefetch:
         entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
         for m in prefetch:
@@ -293,14 +337,15 @@ def main(argv: list[str] | None = None) -> int:
            "argv": sys.argv[1:] if argv is None else list(argv), "commit": git_commit(),
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
-           "rotations": rotations, "prefetch_down": list(args.prefetch_down), "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
+           "rotations": rotations, "prefetch_down": list(args.prefetch_down), "fused": args.fused, "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
            "done": False, "cases": []}
     log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
     write_report(args.out, doc)
     aborted = False
     for case in cases:
         try:
-            entry = measure_case(case, device, ceiling, l2, rule, rotations, log, prefetch=args.prefetch_down)
+            entry = measure_case(case, device, ceiling, l2, rule, rotations, log, prefetch=args.prefetch_down,
+                                 fused=args.fused)
         except Exception as exc:  # one failing case is a finding; the others still run
             entry = {"case": case.key, "model": case.model, "M": case.m,
                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}

@@ -1,0 +1,77 @@
+"""The int4 decode in one launch (triton_moe/w4_fused.py) on CPU: in Triton's interpreter the call is its two
+phases (up, then down and the finish), checked against the float32 reference and the two-launch kernel; the
+workspace and counters it leaves for the next call; the calls it refuses. The one-launch wait itself runs only
+on a GPU (w4_split --fused checks it there against the reference before timing)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+import moebench.gemm.triton_moe as tm  # noqa: E402
+from moebench.gemm.triton_moe import w4_fused, w4_mma  # noqa: E402
+from moebench.gemm.triton_moe.config import KernelConfig  # noqa: E402
+
+E = 8
+
+
+def _call(M, K, I, topk, up, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
+    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
+    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).int()
+    if M > 1:
+        ids[1, -1] = ids[0, 0]  # two tokens share an expert
+    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
+    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
+    c = w4_mma.plan_call(x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]), tw, ids,
+                         config=(KernelConfig(*up), KernelConfig(16, 32, 1)), pdl=False)
+    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
+    return c, ref
+
+
+def _run_twice(M, K, I, topk, up):
+    """(error of call 1, error of call 2, error of the two-launch kernel, sync and workspace left zero)."""
+    c, ref = _call(M, K, I, topk, up)
+    fc = w4_fused.plan_fused(c)
+    errs = []
+    for _ in range(2):  # the second call starts from what the first left
+        out = w4_fused.fused_launch(fc)
+        assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
+        errs.append(((out.float() - ref).norm() / ref.norm()).item())
+    two = w4_mma.down_launch(c, w4_mma.up_launch(c))
+    errs.append(((two.float() - ref).norm() / ref.norm()).item())
+    return errs, bool((fc.sync == 0).all()) and bool((fc.ws == 0).all()), w4_fused.wait_failed(fc)
+
+
+@pytest.mark.parametrize("M, K, I, topk, up", [
+    (1, 64, 32, 2, (16, 32, 1)),     # 2 down tiles a program in chunks of 1: both chunks full
+    (3, 256, 64, 4, (16, 64, 2)),    # 4 tiles, chunks of 2; 3 tokens, one expert shared
+    (2, 160, 32, 2, (16, 32, 4)),    # 5 tiles in chunks of 4: the second chunk is 1 tile and 3 masked
+    (1, 256, 32, 2, (16, 64, 1)),    # 8 tiles: up's 1 warp raised to 4 (K over 4 lane sets of 2 groups)
+])
+def test_one_launch_matches_the_reference_and_leaves_zeros_for_the_next_call(interp, M, K, I, topk, up):
+    (first, second, two), zeros, failed = interp(_run_twice, M, K, I, topk, up)
+    assert first < 1e-2 and second < 1e-2, (first, second)
+    # the same products as the two-launch kernel; only the sum over slots is rounded once instead of per slot
+    assert abs(first - two) < 2e-3, (first, two)
+    assert zeros and not failed
+
+
+def _refused(M, K, I, topk, up):
+    c, _ = _call(M, K, I, topk, up)
+    with pytest.raises(ValueError) as e:
+        w4_fused.plan_fused(c)
+    return str(e.value)
+
+
+@pytest.mark.parametrize("up, K, I, needle", [
+    ((32, 32, 2), 64, 32, "tiles of 16 rows"),          # two row tiles a program
+    ((16, 32, 1), 96, 64, "must be a multiple"),         # 6 down tiles over 4 programs
+    ((16, 32, 1), 4096, 32, "more than a program has"),  # 128 down tiles a program: 64 warps
+])
+def test_calls_the_one_launch_kernel_cannot_take_are_refused_in_one_line(up, K, I, needle):
+    msg = _refused(1, K, I, 2, up)
+    assert needle in msg and "\n" not in msg
