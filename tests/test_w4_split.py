@@ -119,6 +119,27 @@ def test_prefetch_summary_from_fake_timings():
         "kimi-k2.5 M=1: prefetch l2: both 12.50 us (saves +1.57), up alone 9.70 (+0.10), down's share 2.80")
 
 
+def test_fused_summary_from_fake_timings():
+    f = rep.fused_summary(dict(TIMES, fused=T(12.0, 0.002)))
+    assert f["us"] == 12.0 and f["saved_us"] == pytest.approx(14.07 - 12.0) and f["vs_up_us"] == pytest.approx(2.4)
+    assert f["significant"] is True
+    assert rep.fused_summary(dict(TIMES, fused=T(14.1, 0.002)))["significant"] is False  # 0.03 us: under 1%
+    assert rep.fused_line("kimi-k2.5", 1, f) == (
+        "  kimi-k2.5 M=1 one launch: 12.00 us, +2.07 us against both; 2.40 us over up alone")
+
+
+def test_a_one_launch_program_that_gave_up_its_wait_fails_the_case(monkeypatch):
+    """Correct output is not enough: a wait that gave up means the grid was not resident, so the next launch
+    may not be right either; check_fused names the rotation."""
+    monkeypatch.setattr(w4_split.runner, "check", lambda built, wl, key: {"rel_error": 0.001})
+    fake = w4_split.FusedBuilt([], fused_calls=["r0", "r1"])
+    monkeypatch.setattr(w4_split.w4_fused, "wait_failed", lambda fc: False)
+    assert w4_split.check_fused(fake, None, "k") == 0.001
+    monkeypatch.setattr(w4_split.w4_fused, "wait_failed", lambda fc: fc == "r1")
+    with pytest.raises(AssertionError, match="gave up waiting for its pair in rotation 1"):
+        w4_split.check_fused(fake, None, "k")
+
+
 def test_summary_from_fake_timings():
     s = rep.summarize(TIMES, up_bytes=16.8e6, down_bytes=8.4e6, ceiling=4.2e12)
     assert s["overlap_us"] == pytest.approx(9.6 + 6.0 - 14.07)     # what running them together saves
@@ -197,7 +218,7 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
     out = tmp_path / "split.json"
     seen = []
 
-    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=()):
+    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=(), fused=False):
         seen.append([c["M"] for c in json.loads(out.read_text())["cases"]])  # what a reader sees now
         log(f"{case.model} M={case.m}: timing")
         if case.m == 2:
@@ -286,22 +307,25 @@ def test_up_alone_and_down_alone_launch_what_the_backend_launches(monkeypatch):
 
 def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     """The whole command on CPU: the tiny case built by the backend and split, every check against the float32
-    reference passed, four wall times, and the report's fields (the interpreter's times mean nothing)."""
+    reference passed, five wall times with --fused (the one launch as its two interpreter phases), and the
+    report's fields (the interpreter's times mean nothing)."""
     out = tmp_path / "smoke.json"
-    proc = subprocess.run([sys.executable, "-m", MODULE, "--smoke", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--smoke", "--fused", "--out", str(out)],
                           env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["done"] is True and doc["device"] == "cpu (Triton interpreter)" and doc["rotations"] == 1
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
-    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32"} and max(c["rel_error"].values()) < 1e-2
+    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused"} and max(c["rel_error"].values()) < 1e-2
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
                 "down_floor_us", "verdict", "bench_i32_us", "bench_i32_vs_bench"):
         assert key in c, key
     assert c["tiles"]["pdl"] is False  # PDL is a GPU launch option
+    assert c["tiles"]["fused_warps"] == 16 and set(c["fused"]) == {"us", "noise", "saved_us", "vs_up_us", "significant"}
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
-    for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both"):
+    for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both",
+                 "timing fused (one launch)"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
 
