@@ -124,6 +124,8 @@ def test_fused_summary_from_fake_timings():
     assert f["us"] == 12.0 and f["saved_us"] == pytest.approx(14.07 - 12.0) and f["vs_up_us"] == pytest.approx(2.4)
     assert f["significant"] is True
     assert rep.fused_summary(dict(TIMES, fused=T(14.1, 0.002)))["significant"] is False  # 0.03 us: under 1%
+    late = rep.fused_summary(dict(TIMES, fused_late_b=T(13.0, 0.002)), "fused_late_b")
+    assert late["us"] == 13.0 and late["saved_us"] == pytest.approx(1.07)
     assert rep.fused_line("kimi-k2.5", 1, f) == (
         "  kimi-k2.5 M=1 one launch: 12.00 us, +2.07 us against both; 2.40 us over up alone")
 
@@ -317,7 +319,7 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     assert doc["done"] is True and doc["device"] == "cpu (Triton interpreter)" and doc["rotations"] == 1
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
-    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused"} and max(c["rel_error"].values()) < 1e-2
+    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused", "fused_late_b"} and max(c["rel_error"].values()) < 1e-2
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
                 "down_floor_us", "verdict", "bench_i32_us", "bench_i32_vs_bench"):
         assert key in c, key
@@ -325,7 +327,7 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     assert c["tiles"]["fused_warps"] == 16 and set(c["fused"]) == {"us", "noise", "saved_us", "vs_up_us", "significant"}
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
     for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both",
-                 "timing fused (one launch)"):
+                 "timing fused (one launch)", "timing fused, second down chunk after the wait"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
 

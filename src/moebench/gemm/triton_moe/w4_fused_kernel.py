@@ -73,7 +73,7 @@ def moebench_w4_fused(
     stride_am, stride_w1e, stride_w1t, stride_s1e, stride_s1t, stride_w2e, stride_w2t, stride_s2e, stride_s2t,
     K: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, KS: tl.constexpr, GPI: tl.constexpr,
     CHUNK: tl.constexpr, SL_P: tl.constexpr, PHASE: tl.constexpr, USE_ASM: tl.constexpr,
-    SPIN_MAX: tl.constexpr,
+    SPIN_MAX: tl.constexpr, EARLY_B: tl.constexpr = 1,
 ):
     """out[m] = sum_s tw[p] * w2[ids[p]] . (silu(w1_gate[ids[p]] . a[m]) * (w1_up[ids[p]] . a[m])), p = m TOPK + s,
     for int4 g32 weights in the 16-row tile layout (w4_mma.W4Tiles): w1 [E, 2I, K], w2 [E, K, I]. Grid (pairs,
@@ -130,9 +130,11 @@ def moebench_w4_fused(
         tl.store(dst, o0.to(h_ptr.dtype.element_ty))
         tl.store(dst + 8, o2.to(h_ptr.dtype.element_ty))
     if PHASE == 3:
-        # down's weights depend on nothing: in flight while up reduces, publishes and waits
+        # down's weights depend on nothing: in flight while up reduces, publishes and waits (the second chunk
+        # too with EARLY_B; without, it is issued after the wait: 32 registers fewer live across it)
         wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, I // 32, stride_w2e, stride_w2t,
                              stride_s2e, stride_s2t)
+    if PHASE == 3 and EARLY_B:
         wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE == 3:
@@ -149,6 +151,7 @@ def moebench_w4_fused(
     if PHASE == 2:
         wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, I // 32, stride_w2e, stride_w2t,
                              stride_s2e, stride_s2t)
+    if PHASE == 2 or (PHASE == 3 and not EARLY_B):
         wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE != 1:

@@ -21,12 +21,13 @@ with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefe
 (w4_split_report.prefetch_summary). The prefetch cannot change a result: both with it is checked against the
 reference and up alone with it must reproduce the kept activations bit for bit, like the others.
 
-With --fused (issue 32's one launch, w4_fused.py), `fused` is timed right after `both`: the same call in one
-launch, its programs' own down work issued behind their up loop and a wait for their pair's activations. It is
+With --fused (issue 32's one launch, w4_fused.py), `fused` and `fused_late_b` are timed right after `both`: the same call in one
+launch, its programs' own down work issued behind their up loop and a wait for their pair's activations (all of
+its down loads before the wait, or the second half after it: fewer registers live, less in flight). Each is
 checked against the reference like both, twice (the second call starts from the workspace and counters the
 first left), and no program may have given up its wait; a case whose grid does not fit the GPU in one wave
 (M > 1 on the real shapes) records why and times the rest. The report's `fused` holds its time and what it
-saved against both (w4_split_report.fused_summary).
+saved against both (w4_split_report.fused_summary), and so does `fused_late_b`.
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -75,7 +76,10 @@ TP = 8
 DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
 LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
-          "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)"}
+          "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
+          "fused_late_b": "fused, second down chunk after the wait"}
+# --fused's variants: w4_fused.plan_fused's early_b (both of down's load chunks before the pair's wait, or one)
+FUSED_VARIANTS = {"fused": True, "fused_late_b": False}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,8 +203,9 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tup
     tiles = {"up": up.__dict__, "down": down.__dict__, "pdl": calls[0].pdl}
     if fused:
         try:
-            fcs = [w4_fused.plan_fused(c) for c in calls]
-            builds["fused"] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
+            for name, early_b in FUSED_VARIANTS.items():
+                fcs = [w4_fused.plan_fused(c, early_b=early_b) for c in calls]
+                builds[name] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
             tiles["fused_warps"] = fcs[0].ks
         except ValueError as e:
             tiles["fused_refused"] = str(e)
@@ -254,9 +259,10 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "bench_i32": runner.check(builds["bench_i32"], wl, key=f"{case.key} int32 ids")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
-    if "fused" in builds:
-        entry["rel_error"]["fused"] = check_fused(builds["fused"], wl, f"{case.key} one launch")
-    elif fused:
+    for name in FUSED_VARIANTS:
+        if name in builds:
+            entry["rel_error"][name] = check_fused(builds[name], wl, f"{case.key} {LABELS[name]}")
+    if fused and "fused" not in builds:
         log(f"{case.model} M={case.m}: no one-launch timing: {tiles['fused_refused']}")
     for mode in prefetch:
         entry["rel_error"][f"both_pf_{mode}"] = runner.check(
@@ -265,7 +271,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     times = {}
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
-    order = ["bench", "bench_i32", "up", "down", "both"] + (["fused"] if "fused" in builds else []) \
+    order = ["bench", "bench_i32", "up", "down", "both"] + [v for v in FUSED_VARIANTS if v in builds] \
         + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
@@ -284,9 +290,10 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     log(case_line(case.model, case.m, entry, ceiling))
     log(f"  bench on int32 ids (no conversion kernel): {entry['bench_i32_us']:.2f} us "
         f"({100 * entry['bench_i32_vs_bench']:+.1f}% against bench)")
-    if "fused" in times:
-        entry["fused"] = fused_summary(times)
-        log(fused_line(case.model, case.m, entry["fused"]))
+    for name in FUSED_VARIANTS:
+        if name in times:
+            entry[name] = fused_summary(times, name)
+            log(fused_line(case.model, case.m, entry[name], LABELS[name]))
     if prefetch:
         entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
         for m in prefetch:

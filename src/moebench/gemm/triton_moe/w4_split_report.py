@@ -141,22 +141,22 @@ def prefetch_line(model: str, M: int, mode: str, p: dict) -> str:
             f"({p['up_cost_us']:+.2f}), down's share {p['down_share_us']:.2f}")
 
 
-def fused_summary(times: dict[str, Timed]) -> dict:
-    """The one-launch kernel (w4_fused.py) against both launches of the same calls, one process:
+def fused_summary(times: dict[str, Timed], name: str = "fused") -> dict:
+    """The one-launch kernel (w4_fused.py; its timing `name`) against both launches of the same calls, one process:
 
     us, noise      its graph time per call
     saved_us       both - fused (> 0: one launch wins)
     vs_up_us       fused - up alone: what its down work adds beyond up's
     significant    saved_us is outside the two timings' spread (agree_tol)
     """
-    both, fused, up = times["both"], times["fused"], times["up"]
+    both, fused, up = times["both"], times[name], times["up"]
     saved = both.us - fused.us
     return {"us": fused.us, "noise": fused.noise, "saved_us": saved, "vs_up_us": fused.us - up.us,
             "significant": abs(saved) / both.us > agree_tol(both, fused)}
 
 
-def fused_line(model: str, M: int, f: dict) -> str:
+def fused_line(model: str, M: int, f: dict, label: str = "one launch") -> str:
     """One line of the one-launch kernel's result, as printed while the run goes on."""
     sig = "" if f["significant"] else " (within the timings' spread)"
-    return (f"  {model} M={M} one launch: {f['us']:.2f} us, {f['saved_us']:+.2f} us against both{sig}; "
+    return (f"  {model} M={M} {label}: {f['us']:.2f} us, {f['saved_us']:+.2f} us against both{sig}; "
             f"{f['vs_up_us']:.2f} us over up alone")
