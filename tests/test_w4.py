@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 import moebench.gemm.triton_moe as tm  # noqa: E402
 from moebench.gemm.triton_moe import w4  # noqa: E402
 from moebench.gemm.triton_moe.config import KernelConfig  # noqa: E402
+from int4_problems import int4_problem, rel_error  # noqa: E402
 
 E = 8
 
@@ -57,19 +58,10 @@ def test_bad_weights_are_refused_in_one_line(bad, needle):
 
 
 def _fused_err(M, K, I, topk, up, down, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
-    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
-    ids = torch.stack([torch.randperm(E, generator=g)[:topk] for _ in range(M)]).int()
-    if M > 1:
-        ids[1, -1] = ids[0, 0]  # two tokens share an expert
-    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
-    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
-    out = w4.fused_moe_w4(x, w4.pack_rows4(d1, q.scales[0]), w4.pack_rows4(d2, q.scales[1]), tw, ids,
-                          config=(KernelConfig(*up), KernelConfig(*down)), pdl=False)
-    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
-    assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
-    return ((out.float() - ref).norm() / ref.norm()).item()
+    pb = int4_problem(M, K, I, topk, E, seed)
+    out = w4.fused_moe_w4(pb.x, w4.pack_rows4(pb.d1, pb.q.scales[0]), w4.pack_rows4(pb.d2, pb.q.scales[1]), pb.tw, pb.ids,
+               config=(KernelConfig(*up), KernelConfig(*down)), pdl=False)
+    return rel_error(out, pb.reference())
 
 
 @pytest.mark.parametrize("M, K, I, topk, up, down", [
