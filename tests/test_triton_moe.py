@@ -295,7 +295,7 @@ def test_one_nibble_packing_for_every_4bit_layout():
 
 @pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32", "w4_up", "w4_down",
                                   "w4mma_up", "w4mma_down", "w4experts_up", "w4experts_down", "w4fused",
-                                  "w4fused_late_b"])
+                                  "w4fused_late_b", "w4fused_dks2", "w4fused_dks4"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)
     without spills, with 16-byte weight or activation loads, and bf16 without any shared-memory

@@ -24,10 +24,10 @@ def _call(M, K, I, topk, up, seed=0):
     return c, pb.reference()
 
 
-def _run_twice(M, K, I, topk, up):
+def _run_twice(M, K, I, topk, up, dks=1):
     """(error of call 1, error of call 2, error of the two-launch kernel, sync and workspace left zero)."""
     c, ref = _call(M, K, I, topk, up)
-    fc = w4_fused.plan_fused(c)
+    fc = w4_fused.plan_fused(c, down_lane_sets=dks)
     errs = []
     for _ in range(2):  # the second call starts from what the first left
         errs.append(rel_error(w4_fused.fused_launch(fc), ref))
@@ -35,32 +35,36 @@ def _run_twice(M, K, I, topk, up):
     return errs, bool((fc.sync == 0).all()) and bool((fc.ws == 0).all()), w4_fused.wait_failed(fc)
 
 
-@pytest.mark.parametrize("M, K, I, topk, up", [
-    (1, 64, 32, 2, (16, 32, 1)),     # 2 down tiles a program in chunks of 1: both chunks full
-    (3, 256, 64, 4, (16, 64, 2)),    # 4 tiles, chunks of 2; 3 tokens, one expert shared
-    (2, 160, 32, 2, (16, 32, 4)),    # 5 tiles in chunks of 4: the second chunk is 1 tile and 3 masked
-    (1, 256, 32, 2, (16, 64, 1)),    # 8 tiles: up's 1 warp raised to 4 (K over 4 lane sets of 2 groups)
+@pytest.mark.parametrize("M, K, I, topk, up, dks", [
+    (1, 64, 32, 2, (16, 32, 1), 1),     # 2 down tiles a program in chunks of 1: both chunks full
+    (3, 256, 64, 4, (16, 64, 2), 1),    # 4 tiles, chunks of 2; 3 tokens, one expert shared
+    (2, 160, 32, 2, (16, 32, 4), 1),    # 5 tiles in chunks of 4: the second chunk is 1 tile and 3 masked
+    (1, 256, 32, 2, (16, 64, 1), 1),    # 8 tiles: up's 1 warp raised to 4 (K over 4 lane sets of 2 groups)
+    (2, 384, 64, 2, (16, 64, 4), 2),    # 6 tiles in chunks of 4 over 2 lane sets (1 group each), 2 slots
+    (1, 512, 128, 2, (16, 64, 4), 4),   # 4 tiles, one chunk of 4: 4 lane sets of 1 group, 4 slots of 1 tile
 ])
-def test_one_launch_matches_the_reference_and_leaves_zeros_for_the_next_call(interp, M, K, I, topk, up):
-    (first, second, two), zeros, failed = interp(_run_twice, M, K, I, topk, up)
+def test_one_launch_matches_the_reference_and_leaves_zeros_for_the_next_call(interp, M, K, I, topk, up, dks):
+    (first, second, two), zeros, failed = interp(_run_twice, M, K, I, topk, up, dks)
     assert first < 1e-2 and second < 1e-2, (first, second)
     # the same products as the two-launch kernel; only the sum over slots is rounded once instead of per slot
     assert abs(first - two) < 2e-3, (first, two)
     assert zeros and not failed
 
 
-def _refused(M, K, I, topk, up):
+def _refused(M, K, I, topk, up, dks):
     c, _ = _call(M, K, I, topk, up)
     with pytest.raises(ValueError) as e:
-        w4_fused.plan_fused(c)
+        w4_fused.plan_fused(c, down_lane_sets=dks)
     return str(e.value)
 
 
-@pytest.mark.parametrize("up, K, I, needle", [
-    ((32, 32, 2), 64, 32, "tiles of 16 rows"),          # two row tiles a program
-    ((16, 32, 1), 96, 64, "must be a multiple"),         # 6 down tiles over 4 programs
-    ((16, 32, 1), 4096, 32, "more than a program has"),  # 128 down tiles a program: 64 warps
+@pytest.mark.parametrize("up, K, I, dks, needle", [
+    ((32, 32, 2), 64, 32, 1, "tiles of 16 rows"),          # two row tiles a program
+    ((16, 32, 1), 96, 64, 1, "must be a multiple"),         # 6 down tiles over 4 programs
+    ((16, 32, 1), 4096, 32, 1, "more than a program has"),  # 128 down tiles a program: 64 warps
+    ((16, 32, 4), 128, 32, 2, "down_lane_sets"),            # I / 32 = 1 group: no second lane set
+    ((16, 32, 4), 256, 64, 3, "down_lane_sets"),            # not a power of two
 ])
-def test_calls_the_one_launch_kernel_cannot_take_are_refused_in_one_line(up, K, I, needle):
-    msg = _refused(1, K, I, 2, up)
+def test_calls_the_one_launch_kernel_cannot_take_are_refused_in_one_line(up, K, I, dks, needle):
+    msg = _refused(1, K, I, 2, up, dks)
     assert needle in msg and "\n" not in msg

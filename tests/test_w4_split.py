@@ -325,6 +325,8 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
         assert key in c, key
     assert c["tiles"]["pdl"] is False  # PDL is a GPU launch option
     assert c["tiles"]["fused_warps"] == 16 and set(c["fused"]) == {"us", "noise", "saved_us", "vs_up_us", "significant"}
+    # the tiny shape's I / 32 = 1 group: no second lane set to split it over, said in the report and the log
+    assert set(c["tiles"]["fused_refused"]) == {"fused_dks2", "fused_dks4"} and "no fused, down over 2 lane sets" in proc.stdout
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
     for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both",
                  "timing fused (one launch)", "timing fused, second down chunk after the wait"):

@@ -6,7 +6,7 @@ Triton compiles down to a cubin with its bundled ptxas; this reports, per kernel
 per thread, spill bytes, the width of its global loads and the shared-memory round trips (layout
 conversions) inside its main loop. The interpreter cannot catch GPU-only compile errors or codegen
 regressions; this does. Exit status 1 if any kernel fails to compile or spills (more than its spec's known max_spill: the opt-in
-one-launch int4 kernel, w4_fused_kernel.py, is measured with its 32-60 B).
+one-launch int4 kernel's variants with one down lane set, w4_fused_kernel.py, are measured with their 32-60 B).
 """
 
 from __future__ import annotations
@@ -110,8 +110,12 @@ def specs() -> list[Spec]:
         h_ptr="*bf16", hw_ptr="*i32", ws_ptr="*fp32", out_ptr="*bf16", sync_ptr="*i32"), dict(
         K=7168, I=256, TOPK=8, KS=16, GPI=4, CHUNK=16, SL_P=512, PHASE=3, USE_ASM=True, SPIN_MAX=1 << 20),
         num_warps=16, max_spill=60))
-    out.append(Spec("w4fused_late_b", w4_fused_kernel.moebench_w4_fused, out[-1].ptrs,
-                    dict(out[-1].const, EARLY_B=0), num_warps=16, max_spill=32))
+    fused = out[-1]
+    out.append(Spec("w4fused_late_b", w4_fused_kernel.moebench_w4_fused, fused.ptrs,
+                    dict(fused.const, EARLY_B=0), num_warps=16, max_spill=32))
+    for dks in (2, 4):  # down's groups over 2 or 4 lane sets: a lane holds 1/2 or 1/4 of the activations (no spill)
+        out.append(Spec(f"w4fused_dks{dks}", w4_fused_kernel.moebench_w4_fused, fused.ptrs,
+                        dict(fused.const, DKS=dks), num_warps=16))
     out.append(Spec("moe_sum", grouped.moe_sum_kernel, dict(y_ptr="*bf16", out_ptr="*bf16"),
                     dict(TOPK=8, TOPK_P=8, BLOCK_N=1024)))
     for g in (0, 128):

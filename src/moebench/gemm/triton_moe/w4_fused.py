@@ -42,14 +42,17 @@ class FusedCall:
     ks: int               # warps (lane sets) of up's K split; also the down chunk's tiles
     gpi: int              # groups a lane set takes a step
     early_b: bool = True  # both down chunks' loads issued before the wait (False: the second after it)
+    dks: int = 1          # lane sets splitting I's groups in down (each holds 1 / dks of the activations)
 
 
-def plan_fused(c: MmaCall, early_b: bool = True) -> FusedCall:
+def plan_fused(c: MmaCall, early_b: bool = True, down_lane_sets: int = 1) -> FusedCall:
     """The buffers of a one-launch call on the call's up tiles (its up config: 16 rows a program; its warps
     raised where the down slice needs more, K then split over more lane sets); ValueError naming what does not
     fit (tiles, shapes, or a grid larger than the GPU's SMs). early_b: issue both chunks of down's loads before
     the pair's wait (True) or the second after it (False: fewer registers live across the wait; compile_check
-    reads 60 and 32 B of spill at the M = 1 tiles)."""
+    reads 60 and 32 B of spill at the M = 1 tiles). down_lane_sets: how many lane sets split I's groups in down
+    (a power of two dividing the warps and I / 32): each lane then holds that fraction of the pair's activations,
+    and a reduction across the sets follows."""
     rt, ks, gpi = lane_sets(c.up)
     K, I, P = c.x.shape[1], c.I, c.M * c.topk
     T = I // TILE
@@ -69,10 +72,15 @@ def plan_fused(c: MmaCall, early_b: bool = True) -> FusedCall:
         if P * T > sms:
             raise ValueError(f"the one-launch int4 kernel needs its {P} x {T} = {P * T} programs resident at once, "
                              f"one an SM: this GPU has {sms} SMs (M = {c.M} is too large for it)")
+    gd = I // 32
+    if down_lane_sets < 1 or down_lane_sets & (down_lane_sets - 1) or ks % down_lane_sets or gd % down_lane_sets:
+        raise ValueError(f"down_lane_sets must be a power of two dividing the {ks} warps and I / 32 = {gd}, "
+                         f"got {down_lane_sets}")
     dev = c.x.device
     return FusedCall(c, torch.empty(P, I, dtype=torch.bfloat16, device=dev),
                      torch.zeros(c.M, K, dtype=torch.float32, device=dev),
-                     torch.zeros(P + c.M * T + 1, dtype=torch.int32, device=dev), ks, gpi, early_b)
+                     torch.zeros(P + c.M * T + 1, dtype=torch.int32, device=dev), ks, gpi, early_b,
+                     down_lane_sets)
 
 
 def _launch(fc: FusedCall, out: torch.Tensor, phase: int) -> None:
@@ -86,7 +94,7 @@ def _launch(fc: FusedCall, out: torch.Tensor, phase: int) -> None:
         w2.words.stride(0), w2.words.stride(1), w2.scales.stride(0), w2.scales.stride(1),
         K=w1.K, I=c.I, TOPK=c.topk, KS=fc.ks, GPI=fc.gpi, CHUNK=fc.ks,
         SL_P=triton.next_power_of_2(w1.K // (c.I // TILE)), PHASE=phase, USE_ASM=use_asm(c.x.device),
-        SPIN_MAX=SPIN_MAX, EARLY_B=int(fc.early_b), num_warps=fc.ks, num_stages=1)
+        SPIN_MAX=SPIN_MAX, EARLY_B=int(fc.early_b), DKS=fc.dks, num_warps=fc.ks, num_stages=1)
 
 
 def fused_launch(fc: FusedCall) -> torch.Tensor:

@@ -44,27 +44,39 @@ def _load_h(h_ptr, hrow, grp, lane):
 
 
 @triton.jit
-def _down_slice(w2_ptr, s2_ptr, e, tile0, NT, CHUNK: tl.constexpr, GD: tl.constexpr, stride_w2e, stride_w2t,
-                stride_s2e, stride_s2t):
-    """Weight and scale words of CHUNK down tiles from tile0 (the ones below NT), all GD groups of I."""
-    LD: tl.constexpr = CHUNK * 32
-    i = tl.arange(0, LD)
-    lane = (i % 32)[:, None, None]
-    tile = tile0 + i // 32
-    mask = ((i // 32) < NT)[:, None, None]
-    wrow = e[None, :, None] * stride_w2e + tile[:, None, None].to(tl.int64) * stride_w2t
-    srow = e[None, :, None] * stride_s2e + tile[:, None, None].to(tl.int64) * stride_s2t
-    grp = tl.arange(0, GD)[None, None, :]
+def _down_groups(CHUNK: tl.constexpr, DKS: tl.constexpr, GD: tl.constexpr):
+    """(lane [L, 1, 1], groups [L, 1, GD / DKS]) of a down batch's CHUNK x 32 lanes: DKS lane sets split I's
+    GD groups, each set holding CHUNK / DKS tiles in each of its DKS slots."""
+    RTD: tl.constexpr = CHUNK // DKS
+    GPD: tl.constexpr = GD // DKS
+    i = tl.arange(0, CHUNK * 32)
+    ks = i // (32 * RTD)
+    return (i % 32)[:, None, None], tl.arange(0, GPD)[None, None, :] + (ks * GPD)[:, None, None]
+
+
+@triton.jit
+def _down_slice(w2_ptr, s2_ptr, e, tile0, NT, CHUNK: tl.constexpr, DKS: tl.constexpr, GD: tl.constexpr,
+                stride_w2e, stride_w2t, stride_s2e, stride_s2t):
+    """Weight and scale words [L, DKS, GD / DKS (, 2)] of CHUNK down tiles from tile0 (those below NT): slot sl
+    of lane set ks, row tile rt holds tile tile0 + sl x CHUNK / DKS + rt, groups ks x GD / DKS onwards."""
+    RTD: tl.constexpr = CHUNK // DKS
+    i = tl.arange(0, CHUNK * 32)
+    toff = tl.arange(0, DKS)[None, :] * RTD + ((i // 32) % RTD)[:, None]    # [L, DKS]
+    lane, grp = _down_groups(CHUNK, DKS, GD)
+    mask = (toff < NT)[:, :, None]
+    wrow = e[None, :, None] * stride_w2e + (tile0 + toff)[:, :, None].to(tl.int64) * stride_w2t
+    srow = e[None, :, None] * stride_s2e + (tile0 + toff)[:, :, None].to(tl.int64) * stride_s2t
     return _load_ws(w2_ptr, s2_ptr, wrow, srow, grp, mask, GD, lane)
 
 
 @triton.jit
-def _down_rows(w, s, hx, CHUNK: tl.constexpr, GD: tl.constexpr, USE_ASM: tl.constexpr):
-    """The CHUNK tiles' rows g and g + 8 ([CHUNK, 8] each) of w2 . h over all of I."""
-    z = tl.zeros([CHUNK * 32, 1, GD], dtype=tl.float32)
+def _down_rows(w, s, hx, CHUNK: tl.constexpr, DKS: tl.constexpr, GD: tl.constexpr, USE_ASM: tl.constexpr):
+    """The CHUNK tiles' rows g and g + 8 of w2 . h over all of I, flat [CHUNK x 8] in tile order (slot-major,
+    as _down_slice lays tiles out; flat, because the interpreter's atomics mishandle a leading axis of 1)."""
+    z = tl.zeros([CHUNK * 32, DKS, GD // DKS], dtype=tl.float32)
     c0, c2 = _group(w, hx, s, z, z, USE_ASM)
-    y0, y2 = _rows_out(c0, c2, 1, 1, CHUNK, USE_ASM)
-    return tl.sum(y0, axis=2), tl.sum(y2, axis=2)
+    y0, y2 = _rows_out(c0, c2, DKS, DKS, CHUNK // DKS, USE_ASM)     # [RTD, 8, DKS]
+    return tl.reshape(tl.permute(y0, (2, 0, 1)), [CHUNK * 8]), tl.reshape(tl.permute(y2, (2, 0, 1)), [CHUNK * 8])
 
 
 @triton.jit
@@ -73,7 +85,7 @@ def moebench_w4_fused(
     stride_am, stride_w1e, stride_w1t, stride_s1e, stride_s1t, stride_w2e, stride_w2t, stride_s2e, stride_s2t,
     K: tl.constexpr, I: tl.constexpr, TOPK: tl.constexpr, KS: tl.constexpr, GPI: tl.constexpr,
     CHUNK: tl.constexpr, SL_P: tl.constexpr, PHASE: tl.constexpr, USE_ASM: tl.constexpr,
-    SPIN_MAX: tl.constexpr, EARLY_B: tl.constexpr = 1,
+    SPIN_MAX: tl.constexpr, EARLY_B: tl.constexpr = 1, DKS: tl.constexpr = 1,
 ):
     """out[m] = sum_s tw[p] * w2[ids[p]] . (silu(w1_gate[ids[p]] . a[m]) * (w1_up[ids[p]] . a[m])), p = m TOPK + s,
     for int4 g32 weights in the 16-row tile layout (w4_mma.W4Tiles): w1 [E, 2I, K], w2 [E, K, I]. Grid (pairs,
@@ -132,10 +144,10 @@ def moebench_w4_fused(
     if PHASE == 3:
         # down's weights depend on nothing: in flight while up reduces, publishes and waits (the second chunk
         # too with EARLY_B; without, it is issued after the wait: 32 registers fewer live across it)
-        wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, I // 32, stride_w2e, stride_w2t,
+        wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, DKS, I // 32, stride_w2e, stride_w2t,
                              stride_s2e, stride_s2t)
     if PHASE == 3 and EARLY_B:
-        wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, I // 32, stride_w2e,
+        wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, DKS, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE == 3:
         # publish: every thread's stores before the count (CTA barrier, then a release at GPU scope)
@@ -149,35 +161,34 @@ def moebench_w4_fused(
         if seen < T:
             tl.atomic_xchg(sync_ptr + P + (P // TOPK) * T, 1, sem="relaxed", scope="gpu")
     if PHASE == 2:
-        wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, I // 32, stride_w2e, stride_w2t,
+        wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, DKS, I // 32, stride_w2e, stride_w2t,
                              stride_s2e, stride_s2t)
     if PHASE == 2 or (PHASE == 3 and not EARLY_B):
-        wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, I // 32, stride_w2e,
+        wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, DKS, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE != 1:
         # ---- down: hidden tiles t TD .. t TD + TD - 1 of expert e, weighted, added into the token's row
         GD: tl.constexpr = I // 32
-        i2 = tl.arange(0, CHUNK * 32)
-        hx = _load_h(hw_ptr, p.to(tl.int64) * (I // 2), tl.arange(0, GD)[None, None, :], (i2 % 32)[:, None, None])
+        lane2, grp2 = _down_groups(CHUNK, DKS, GD)
+        hx = _load_h(hw_ptr, p.to(tl.int64) * (I // 2), grp2, lane2)
         if PHASE == 3:
             # this program is done with the pair's activations; the last of them leaves the counter at zero
             tl.debug_barrier()
             if tl.atomic_add(sync_ptr + p, 1, sem="relaxed", scope="gpu") == 2 * T - 1:
                 tl.atomic_xchg(sync_ptr + p, 0, sem="relaxed", scope="gpu")
         tw = tl.load(tw_ptr + p).to(tl.float32)
-        ya0, ya2 = _down_rows(wa, sa, hx, CHUNK, GD, USE_ASM)
-        yb0, yb2 = _down_rows(wb, sb, hx, CHUNK, GD, USE_ASM)
-        # flat [CHUNK x 8] rows: the interpreter's atomics mishandle a leading axis of 1 (CHUNK = 1)
+        ya0, ya2 = _down_rows(wa, sa, hx, CHUNK, DKS, GD, USE_ASM)
+        yb0, yb2 = _down_rows(wb, sb, hx, CHUNK, DKS, GD, USE_ASM)
         c = tl.arange(0, CHUNK * 8)
         rows_a = (t * TD + c // 8) * 16 + c % 8
         ma = c // 8 < TD
         mb = c // 8 + CHUNK < TD
         wsrow = ws_ptr + m.to(tl.int64) * K
-        tl.atomic_add(wsrow + rows_a, tl.reshape(ya0 * tw, [CHUNK * 8]), mask=ma, sem="relaxed", scope="gpu")
-        tl.atomic_add(wsrow + rows_a + 8, tl.reshape(ya2 * tw, [CHUNK * 8]), mask=ma, sem="relaxed", scope="gpu")
+        tl.atomic_add(wsrow + rows_a, ya0 * tw, mask=ma, sem="relaxed", scope="gpu")
+        tl.atomic_add(wsrow + rows_a + 8, ya2 * tw, mask=ma, sem="relaxed", scope="gpu")
         rows_b = rows_a + CHUNK * 16
-        tl.atomic_add(wsrow + rows_b, tl.reshape(yb0 * tw, [CHUNK * 8]), mask=mb, sem="relaxed", scope="gpu")
-        tl.atomic_add(wsrow + rows_b + 8, tl.reshape(yb2 * tw, [CHUNK * 8]), mask=mb, sem="relaxed", scope="gpu")
+        tl.atomic_add(wsrow + rows_b, yb0 * tw, mask=mb, sem="relaxed", scope="gpu")
+        tl.atomic_add(wsrow + rows_b + 8, yb2 * tw, mask=mb, sem="relaxed", scope="gpu")
         # ---- finish: the last of the token's TOPK programs of this slice writes it as bf16 and zeroes it
         tl.debug_barrier()
         slot = sync_ptr + P + m * T + t

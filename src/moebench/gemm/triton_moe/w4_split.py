@@ -21,13 +21,13 @@ with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefe
 (w4_split_report.prefetch_summary). The prefetch cannot change a result: both with it is checked against the
 reference and up alone with it must reproduce the kept activations bit for bit, like the others.
 
-With --fused (issue 32's one launch, w4_fused.py), `fused` and `fused_late_b` are timed right after `both`: the same call in one
+With --fused (issue 32's one launch, w4_fused.py), its variants (FUSED_VARIANTS) are timed right after `both`: the same call in one
 launch, its programs' own down work issued behind their up loop and a wait for their pair's activations (all of
-its down loads before the wait, or the second half after it: fewer registers live, less in flight). Each is
+its down loads before the wait, or the second half after it; I's groups over 1, 2 or 4 lane sets). Each is
 checked against the reference like both, twice (the second call starts from the workspace and counters the
-first left), and no program may have given up its wait; a case whose grid does not fit the GPU in one wave
-(M > 1 on the real shapes) records why and times the rest. The report's `fused` holds its time and what it
-saved against both (w4_split_report.fused_summary), and so does `fused_late_b`.
+first left), and no program may have given up its wait; a variant plan_fused refuses (a grid that does not fit the GPU
+in one wave: M > 1 on the real shapes; lane sets the shape cannot take) records why and the rest are timed. The report's `fused` holds its time and what it
+saved against both (w4_split_report.fused_summary), and each other variant under its own name.
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -77,9 +77,11 @@ DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
 LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
           "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
-          "fused_late_b": "fused, second down chunk after the wait"}
-# --fused's variants: w4_fused.plan_fused's early_b (both of down's load chunks before the pair's wait, or one)
-FUSED_VARIANTS = {"fused": True, "fused_late_b": False}
+          "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
+          "fused_dks4": "fused, down over 4 lane sets"}
+# --fused's variants: w4_fused.plan_fused's (early_b, down_lane_sets): both of down's load chunks before the
+# pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
+FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -179,7 +181,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tup
     call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch
     mode adds "up_pf_<mode>" and "both_pf_<mode>": the same calls with the up launch prefetching down's weights
     into L2. fused adds "fused", the one-launch kernel on the same calls (w4_fused.plan_fused each, so each
-    rotation has its own workspace and counters), or tiles["fused_refused"] with plan_fused's reason."""
+    rotation has its own workspace and counters), with its variants (FUSED_VARIANTS); one plan_fused refuses is
+    left out, its reason in tiles["fused_refused"][name]."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -202,13 +205,14 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tup
         builds[f"both_pf_{mode}"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in pf])
     tiles = {"up": up.__dict__, "down": down.__dict__, "pdl": calls[0].pdl}
     if fused:
-        try:
-            for name, early_b in FUSED_VARIANTS.items():
-                fcs = [w4_fused.plan_fused(c, early_b=early_b) for c in calls]
-                builds[name] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
+        for name, (early_b, dks) in FUSED_VARIANTS.items():
+            try:
+                fcs = [w4_fused.plan_fused(c, early_b=early_b, down_lane_sets=dks) for c in calls]
+            except ValueError as e:
+                tiles.setdefault("fused_refused", {})[name] = str(e)
+                continue
+            builds[name] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
             tiles["fused_warps"] = fcs[0].ks
-        except ValueError as e:
-            tiles["fused_refused"] = str(e)
     return tiles, builds, hs
 
 
@@ -262,8 +266,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     for name in FUSED_VARIANTS:
         if name in builds:
             entry["rel_error"][name] = check_fused(builds[name], wl, f"{case.key} {LABELS[name]}")
-    if fused and "fused" not in builds:
-        log(f"{case.model} M={case.m}: no one-launch timing: {tiles['fused_refused']}")
+    for name, why in tiles.get("fused_refused", {}).items():
+        log(f"{case.model} M={case.m}: no {LABELS[name]} timing: {why}")
     for mode in prefetch:
         entry["rel_error"][f"both_pf_{mode}"] = runner.check(
             builds[f"both_pf_{mode}"], wl, key=f"{case.key} up+down, prefetch {mode}")["rel_error"]
