@@ -21,8 +21,8 @@ class Int4Problem:
 
     def reference(self) -> torch.Tensor:
         """The float32 fused MoE on the dequantized weights."""
-        return tm.fused_moe_ref(self.x, tm.dequantize_weight(self.d1, self.q, 0), tm.dequantize_weight(self.d2, self.q, 1),
-                                self.tw, self.ids)
+        w1, w2 = tm.dequantize_weight(self.d1, self.q, 0), tm.dequantize_weight(self.d2, self.q, 1)
+        return tm.fused_moe_ref(self.x, w1, w2, self.tw, self.ids)
 
 
 def int4_problem(M: int, K: int, I: int, topk: int, E: int = 8, seed: int = 0) -> Int4Problem:

@@ -21,13 +21,14 @@ with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefe
 (w4_split_report.prefetch_summary). The prefetch cannot change a result: both with it is checked against the
 reference and up alone with it must reproduce the kept activations bit for bit, like the others.
 
-With --fused (issue 32's one launch, w4_fused.py), its variants (FUSED_VARIANTS) are timed right after `both`: the same call in one
-launch, its programs' own down work issued behind their up loop and a wait for their pair's activations (all of
-its down loads before the wait, or the second half after it; I's groups over 1, 2 or 4 lane sets). Each is
-checked against the reference like both, twice (the second call starts from the workspace and counters the
-first left), and no program may have given up its wait; a variant plan_fused refuses (a grid that does not fit the GPU
-in one wave: M > 1 on the real shapes; lane sets the shape cannot take) records why and the rest are timed. The report's `fused` holds its time and what it
-saved against both (w4_split_report.fused_summary), and each other variant under its own name.
+With --fused (issue 32's one launch, w4_fused.py), its variants (FUSED_VARIANTS) are timed right after `both`:
+the same call in one launch, its programs' own down work issued behind their up loop and a wait for their pair's
+activations (all of its down loads before the wait, or the second half after it; I's groups over 1, 2 or 4 lane
+sets). Each is checked against the reference like both, twice (the second call starts from the workspace and
+counters the first left), and no program may have given up its wait; a variant plan_fused refuses (a grid that
+does not fit the GPU in one wave: M > 1 on the real shapes; lane sets the shape cannot take) records why and the
+rest are timed. The report's `fused` holds its time and what it saved against both
+(w4_split_report.fused_summary), and each other variant under its own name.
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -348,7 +349,8 @@ def main(argv: list[str] | None = None) -> int:
            "argv": sys.argv[1:] if argv is None else list(argv), "commit": git_commit(),
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
-           "rotations": rotations, "prefetch_down": list(args.prefetch_down), "fused": args.fused, "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
+           "rotations": rotations, "prefetch_down": list(args.prefetch_down), "fused": args.fused,
+           "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
            "done": False, "cases": []}
     log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
     write_report(args.out, doc)
