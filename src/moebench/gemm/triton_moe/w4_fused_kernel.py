@@ -110,7 +110,7 @@ def moebench_w4_fused(
         i = tl.arange(0, L)
         lane = (i % 32)[:, None, None]
         ks = i // 32
-        mask = (lane >= 0) & (one < 1)[None, :, None]
+        mask = (lane >= 0) & (one < 1)[None, :, None]  # all true: the [L, 1, 1] shape _load_ws broadcasts
         wrow = e[None, :, None] * stride_w1e + t.to(tl.int64) * stride_w1t
         srow = e[None, :, None] * stride_s1e + t.to(tl.int64) * stride_s1t
         wrow_u = wrow + T * stride_w1t
@@ -132,7 +132,6 @@ def moebench_w4_fused(
             w, s, wu, su, x = w_n, s_n, wu_n, su_n, x_n
         c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
         u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
-    if PHASE != 2:
         y0, y2 = _rows_out(c0, c2, 1, KS, 1, USE_ASM)
         v0, v2 = _rows_out(u0, u2, 1, KS, 1, USE_ASM)
         o0 = tl.sum(silu_mul(y0, v0), axis=2)   # [1, 8]: rows g
@@ -141,12 +140,12 @@ def moebench_w4_fused(
         dst = h_ptr + p.to(tl.int64) * I + rows
         tl.store(dst, o0.to(h_ptr.dtype.element_ty))
         tl.store(dst + 8, o2.to(h_ptr.dtype.element_ty))
-    if PHASE == 3:
-        # down's weights depend on nothing: in flight while up reduces, publishes and waits (the second chunk
-        # too with EARLY_B; without, it is issued after the wait: 32 registers fewer live across it)
+    if PHASE != 1:
+        # down's weights depend on nothing: in flight while the pair publishes and waits (the second chunk too
+        # with EARLY_B; without, it is issued after the wait: 32 registers fewer live across it)
         wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, DKS, I // 32, stride_w2e, stride_w2t,
                              stride_s2e, stride_s2t)
-    if PHASE == 3 and EARLY_B:
+    if PHASE == 2 or (PHASE == 3 and EARLY_B):
         wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, DKS, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE == 3:
@@ -160,10 +159,7 @@ def moebench_w4_fused(
             n += 1
         if seen < T:
             tl.atomic_xchg(sync_ptr + P + (P // TOPK) * T, 1, sem="relaxed", scope="gpu")
-    if PHASE == 2:
-        wa, sa = _down_slice(w2_ptr, s2_ptr, e, t * TD, TD, CHUNK, DKS, I // 32, stride_w2e, stride_w2t,
-                             stride_s2e, stride_s2t)
-    if PHASE == 2 or (PHASE == 3 and not EARLY_B):
+    if PHASE == 3 and not EARLY_B:
         wb, sb = _down_slice(w2_ptr, s2_ptr, e, t * TD + CHUNK, TD - CHUNK, CHUNK, DKS, I // 32, stride_w2e,
                              stride_w2t, stride_s2e, stride_s2t)
     if PHASE != 1:
