@@ -68,3 +68,56 @@ def _refused(M, K, I, topk, up, dks):
 def test_calls_the_one_launch_kernel_cannot_take_are_refused_in_one_line(up, K, I, dks, needle):
     msg = _refused(1, K, I, 2, up, dks)
     assert needle in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("M, I, topk, sms, fits", [
+    (1, 256, 8, 132, True),    # Kimi-K2.5 / DeepSeek-V3 TP8 at M = 1 on an H100 SXM or H200: 128 programs
+    (1, 256, 8, 114, False),   # the same on an H100 PCIe (114 SMs)
+    (2, 256, 8, 132, False),   # M = 2: 256 programs
+    (1, 128, 4, 32, True),     # exactly one program an SM
+    (1, 128, 4, 31, False),
+])
+def test_the_grid_must_fit_the_gpus_sms_one_program_each(M, I, topk, sms, fits):
+    why = w4_fused.grid_too_large(M, I, topk, sms)
+    assert (why is None) == fits
+    if not fits:
+        assert f"{M * topk} x {I // 16} = {M * topk * I // 16} programs" in why and f"{sms} SMs" in why
+
+
+def _backend_check(m):
+    """The triton_fused backend's calls on the tiny preset, checked as the suite checks them (runner.check)."""
+    from moebench.gemm import runner
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import GemmCase
+    from moebench.gemm.workload import Workload
+
+    wl = Workload(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "-"), "cpu")
+    built = BACKENDS["triton_fused"].build(GemmCase("tiny", 8, "fused", m, "int4-g32", "decode", "triton_fused"), wl)
+    return built.info, len(built.calls), runner.check(built, wl, key="triton_fused")["rel_error"]
+
+
+def test_the_fused_backend_runs_the_one_launch_kernel_and_passes_the_suites_check(interp):
+    from moebench.gemm.cases import ROTATIONS
+
+    info, n, err = interp(_backend_check, 1)
+    assert (info["impl"], info["config"]["path"]) == ("moebench.gemm.triton_moe.w4_fused", "w4_mma_fused")
+    assert n == ROTATIONS and err < 1e-2
+
+
+def test_the_fused_backend_skips_a_gpu_too_small_and_stays_out_of_the_default_selection(monkeypatch):
+    from moebench.gemm.backends import BACKENDS
+    from moebench.gemm.cases import GemmCase, is_default
+
+    fused = BACKENDS["triton_fused"]
+    case = lambda m: GemmCase("kimi-k2.5", 8, "fused", m, "int4-g32", "decode", "triton_fused")  # noqa: E731
+    assert fused.supports(case(1)) and not fused.supports(case(2))
+
+    class Props:
+        multi_processor_count = 114
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _: Props)
+    assert "this GPU has 114 SMs" in fused.unavailable(case(1), "cuda", (9, 0))
+    Props.multi_processor_count = 132
+    assert fused.unavailable(case(1), "cuda", (9, 0)) is None
+    assert fused.unavailable(case(1), "cpu", None) == "triton_fused needs a CUDA GPU; this machine has none"
+    assert not is_default(case(1))

@@ -46,6 +46,9 @@ class Backend:
     # default bound (runner.ERROR_BOUND); each override says why where it is set.
     error_bounds: dict = field(default_factory=dict)
     max_m: int | None = None                # a decode-only kernel's largest M (None: any)
+    # (case) -> why this machine's GPU is too small for the case (it reads the GPU's properties), or None; for a
+    # kernel whose whole grid must be resident at once (None: every GPU that passes the checks above)
+    gpu_fit: Callable[[GemmCase], str | None] | None = None
 
     def supports(self, case: GemmCase) -> bool:
         """Static capability: the op, dtype and M are ones this backend implements at all."""
@@ -68,7 +71,7 @@ class Backend:
             return f"{self.name} with {case.dtype} needs compute capability >= {need[0]}.{need[1]}, GPU has {cc[0]}.{cc[1]}"
         if self.max_cc and cc and cc > self.max_cc:
             return f"{self.name} supports compute capability <= {self.max_cc[0]}.{self.max_cc[1]}, GPU has {cc[0]}.{cc[1]}"
-        return None
+        return self.gpu_fit(case) if self.gpu_fit else None
 
 
 def _missing_submodule(mod: str) -> bool:

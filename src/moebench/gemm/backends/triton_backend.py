@@ -6,6 +6,9 @@
                   comparison (w4_kernels.py says why mma became the default)
     triton_experts int4-g32 fused on the expert-major tensor-core kernel (w4_experts.py) at every M, M <= 16
                   included, where `triton` runs the pair-major one: the two kernels side by side at every M
+    triton_fused  int4-g32 fused at M = 1 in one launch (w4_fused.py, version 7 in docs/triton-moe-notes.md):
+                  the pair-major kernel's weights and tiles, up, SiLU and down without the launch between
+                  them; outside the default selection until its entries are measured (-m "full and triton_fused")
 """
 
 from __future__ import annotations
@@ -138,4 +141,38 @@ triton_experts = Backend("triton_experts", frozenset({"fused"}), frozenset({"int
                          "tokens)",
                          modules=("triton",), min_cc=(8, 0))
 
-TRITON_BACKENDS = (triton, triton_rows4, triton_experts)
+def build_fused(case: GemmCase, wl) -> Built:
+    """int4-g32 fused MoE in one launch, on the pair-major kernel's packed weights and tiles (w4_operands). Each
+    rotation's call is planned here, before any graph capture: its workspace and counters are allocated zero
+    once, and each call leaves them zero for the next. A program whose pair wait gives up leaves the output
+    wrong, so the suite's reference check (on a fresh activation buffer) is what catches a grid that was not
+    resident at once."""
+    from moebench.gemm.triton_moe import w4_fused, w4_mma
+
+    _, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
+    planned = [w4_fused.plan_fused(w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down)))
+               for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+    calls = [lambda fc=fc: w4_fused.fused_launch(fc) for fc in planned]
+    cfg = {"path": "w4_mma_fused", "up": up.__dict__, "down": down.__dict__, "warps": planned[0].ks}
+    return Built(calls, [], {"impl": w4_fused.__name__, "op": case.op, "config": cfg})
+
+
+def fused_gpu_fit(case: GemmCase) -> str | None:
+    """Why this machine's GPU (device 0, the one the suite times) has too few SMs for the case's one-launch grid,
+    or None."""
+    import torch
+
+    from moebench.gemm.presets import PRESETS
+    from moebench.gemm.triton_moe.w4_fused import grid_too_large
+
+    p = PRESETS[case.model]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return grid_too_large(case.m, p.intermediate_per_rank(case.tp), p.topk, sms)
+
+
+# M = 1 only: at M = 2 the Kimi-K2.5 and DeepSeek-V3 TP8 grid is 256 programs, more than an H100's or H200's SMs
+triton_fused = Backend("triton_fused", frozenset({"fused"}), frozenset({"int4-g32"}), build_fused,
+                       "moebench's int4 W4A16 decode in one launch (up, SiLU and down; pair-major tensor-core tiles)",
+                       modules=("triton",), min_cc=(8, 0), max_m=1, gpu_fit=fused_gpu_fit)
+
+TRITON_BACKENDS = (triton, triton_rows4, triton_experts, triton_fused)

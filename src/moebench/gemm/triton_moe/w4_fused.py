@@ -3,6 +3,7 @@ activation and w2"), beside the two-launch kernel it is measured against (w4_mma
 
     plan_fused(call: w4_mma.MmaCall) -> FusedCall   the call's scratch, workspace and counters (once, before
                                                     any graph capture: a capture must not allocate them)
+    grid_too_large(M, I, topk, sms) -> str | None   why a call's grid cannot be resident on a GPU of that size
     fused_launch(fc) -> out [M, K] bf16             one launch on the GPU; two (up, then down) in the
                                                     interpreter, which runs programs one after another
     wait_failed(fc) -> bool                         a program's bounded wait gave up (the result is wrong)
@@ -45,6 +46,16 @@ class FusedCall:
     dks: int = 1          # lane sets splitting I's groups in down (each holds 1 / dks of the activations)
 
 
+def grid_too_large(M: int, I: int, topk: int, sms: int) -> str | None:
+    """Why a call of M tokens (intermediate I per rank, top-k) cannot run in one launch on a GPU of `sms` SMs, or
+    None: its M x topk x I / 16 programs must all be resident at once, one an SM (their pairs wait for each other)."""
+    P, T = M * topk, I // TILE
+    if P * T <= sms:
+        return None
+    return (f"the one-launch int4 kernel needs its {P} x {T} = {P * T} programs resident at once, one an SM: this "
+            f"GPU has {sms} SMs (M = {M} is too large for it)")
+
+
 def plan_fused(c: MmaCall, early_b: bool = True, down_lane_sets: int = 1) -> FusedCall:
     """The buffers of a one-launch call on the call's up tiles (its up config: 16 rows a program; its warps
     raised where the down slice needs more, K then split over more lane sets); ValueError naming what does not
@@ -68,10 +79,9 @@ def plan_fused(c: MmaCall, early_b: bool = True, down_lane_sets: int = 1) -> Fus
         raise ValueError(f"the one-launch int4 kernel takes a program's {td} down tiles in two chunks of one tile a "
                          f"warp: that needs {ks} warps, more than a program has ({MAX_WARPS})")
     if c.x.device.type == "cuda":
-        sms = torch.cuda.get_device_properties(c.x.device).multi_processor_count
-        if P * T > sms:
-            raise ValueError(f"the one-launch int4 kernel needs its {P} x {T} = {P * T} programs resident at once, "
-                             f"one an SM: this GPU has {sms} SMs (M = {c.M} is too large for it)")
+        too_large = grid_too_large(c.M, I, c.topk, torch.cuda.get_device_properties(c.x.device).multi_processor_count)
+        if too_large:
+            raise ValueError(too_large)
     gd = I // 32
     if down_lane_sets < 1 or down_lane_sets & (down_lane_sets - 1) or ks % down_lane_sets or gd % down_lane_sets:
         raise ValueError(f"down_lane_sets must be a power of two dividing the {ks} warps and I / 32 = {gd}, "
