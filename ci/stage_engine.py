@@ -18,12 +18,16 @@ Engine list lines: `name==version [drop=GLOB,...]` (members left out of that whe
 (checked after installing), `skip: name  reason` (a dependency deliberately not carried), `accept: name
 reason` (a version conflict with the image known to be harmless: a pin on a package the path never
 imports), `# comment`.
+A build holds a lock beside its folder (a second build into it is refused) and swaps the new stage in only
+once it is complete: a failed build leaves the previous one as it was.
 Exit codes: 0 done or a part kept, 1 a failed check, 2 bad input; errors are one line naming the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import fnmatch
 import hashlib
 import json
@@ -157,11 +161,58 @@ def drop_members(wheel: Path, globs: list[str]) -> int:
     return len(gone)
 
 
+@contextlib.contextmanager
+def build_lock(out: Path):
+    """Hold OUT's build lock (a file beside it, with the holder's pid) for one build; StageError naming the lock
+    and its holder when another build into OUT holds it: two builds into one folder would delete each other's
+    wheels halfway."""
+    lock = out.with_name(f".{out.name}.lock")
+    with open(lock, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "?"
+            raise StageError(f"another build into {out} is running (pid {holder}, lock {lock}): wait for it, or "
+                             f"build elsewhere with --out") from None
+        f.truncate(0)
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        yield
+
+
+def replace_folder(new: Path, out: Path) -> None:
+    """Put the finished stage NEW where OUT is: the previous stage stays whole until the new one is complete."""
+    old = out.with_name(f".{out.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    if out.exists():
+        os.rename(out, old)
+    os.rename(new, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def build(args: argparse.Namespace) -> int:
-    """Download, pack, split, and write the manifest into OUT (default .stage/<list name>)."""
+    """Download, pack, split, and write the manifest into OUT (default .stage/<list name>), built beside it and
+    swapped in once complete (a failed build leaves the previous stage as it was), under OUT's build lock."""
     spec = read_list(Path(args.list))
     out = Path(args.out or Path(".stage") / spec["name"])
-    work = out / "wheels"  # a fresh stage folder every time
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(out):
+        building = out.with_name(f".{out.name}.building")
+        try:
+            summary = build_into(spec, building, args)
+        except BaseException:
+            shutil.rmtree(building, ignore_errors=True)
+            raise
+        replace_folder(building, out)
+    print(f"{spec['name']}: {summary} in {out}; now: {Path(sys.argv[0]).name} next {out}")
+    return 0
+
+
+def build_into(spec: dict, out: Path, args: argparse.Namespace) -> str:
+    """Download, pack and split the list's wheels into a fresh OUT and write its manifest; what it holds, in
+    words."""
+    work = out / "wheels"
     shutil.rmtree(out, ignore_errors=True)
     work.mkdir(parents=True)
     download(spec["pins"], work, args.python_version, args.find_links)
@@ -186,9 +237,8 @@ def build(args: argparse.Namespace) -> int:
     bundle.unlink()
     shutil.rmtree(work)
     (out / "next").write_text("0\n")
-    print(f"{spec['name']}: {len(wheels)} wheels, {manifest['bundle_bytes'] / (1 << 20):.0f} MiB in {len(parts)} parts of at most "
-          f"{args.part_size / (1 << 20):.0f} MiB in {out}; now: {Path(sys.argv[0]).name} next {out}")
-    return 0
+    return (f"{len(wheels)} wheels, {manifest['bundle_bytes'] / (1 << 20):.0f} MiB in {len(parts)} parts of at most "
+            f"{args.part_size / (1 << 20):.0f} MiB")
 
 
 def next_part(args: argparse.Namespace) -> int:

@@ -1,5 +1,6 @@
 """ci/stage_engine.py on two tiny wheels made here: build, split, receive out of order, install, import;
 a missing part, a corrupt part, a part of another bundle and a bad engine list each fail with one line.
+A second build into a folder being built is refused; a failed build leaves the previous stage whole.
 
 Each pip call takes a second or two on a loaded 2-core box: the bundle is built once per module."""
 
@@ -261,3 +262,52 @@ def test_a_malformed_image_line_names_the_file_and_line(built, tmp_path, capsys)
     image.write_text("requests\nnumpy==\n")
     assert stage.main(["check", str(root / "tiny-1.txt"), "--image", str(image)]) == 2
     assert f"{image}:2: expected 'name' or 'name==version', got 'numpy=='" in capsys.readouterr().err
+
+
+def _listing(root: Path) -> Path:
+    return root / "tiny-1.txt"
+
+
+def test_a_second_build_into_the_same_folder_is_refused_naming_the_lock_and_the_stage_is_kept(built, tmp_path,
+                                                                                               capsys):
+    """Two builds into one folder deleted each other's wheels halfway; the second now fails in one line."""
+    import fcntl
+
+    root, out, m = built
+    kept = tmp_path / "stage"
+    shutil.copytree(out, kept)
+    with open(tmp_path / ".stage.lock", "w") as held:
+        held.write("4242\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        code = stage.main(["build", str(_listing(root)), "--out", str(kept), "--part-size", "4K",
+                           "--find-links", str(root / "index")])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err
+    assert f"another build into {kept} is running (pid 4242, lock {tmp_path / '.stage.lock'})" in err
+    assert json.loads((kept / "manifest.json").read_text()) == m and all((kept / p["file"]).exists() for p in m["parts"])
+
+
+def test_a_build_that_fails_leaves_the_previous_stage_whole(built, tmp_path, capsys):
+    root, out, m = built
+    kept = tmp_path / "stage"
+    shutil.copytree(out, kept)
+    (tmp_path / "empty").mkdir()
+    code = stage.main(["build", str(_listing(root)), "--out", str(kept), "--part-size", "4K",
+                       "--find-links", str(tmp_path / "empty")])
+    assert code == 1 and "pip download failed" in capsys.readouterr().err
+    assert json.loads((kept / "manifest.json").read_text()) == m and all((kept / p["file"]).exists() for p in m["parts"])
+    assert sorted(q.name for q in tmp_path.iterdir()) == [".stage.lock", "empty", "stage"]  # no half-built folder
+
+
+def test_a_rebuild_replaces_the_stage_and_leaves_no_old_copy(built, tmp_path):
+    root, out, m = built
+    kept = tmp_path / "stage"
+    shutil.copytree(out, kept)
+    (kept / "stray.part999").write_bytes(b"from an earlier list")
+    assert stage.main(["build", str(_listing(root)), "--out", str(kept), "--part-size", "8K",
+                       "--find-links", str(root / "index")]) == 0
+    fresh = json.loads((kept / "manifest.json").read_text())
+    assert fresh["wheels"] == m["wheels"] and len(fresh["parts"]) < len(m["parts"])  # 8K parts: fewer of them
+    assert not (kept / "stray.part999").exists() and not any(q.name.startswith(".stage.") and q.name != ".stage.lock"
+                                                             for q in tmp_path.iterdir())
