@@ -6,7 +6,7 @@
 #
 #   install-vllm     vLLM's kept parts installed (ci/stage_engine.py; waits up to 5 minutes for the last)
 #   gemm-aa          the default gemm selection and the selfcheck (-m "(gemm and not full) or selfcheck", or
-#                    MOEBENCH_GEMM_M's expression when set),
+#                    MOEBENCH_GEMM_M's expression when set), narrowed by -k "$MOEBENCH_GEMM_K" when set,
 #                    MOEBENCH_AA_RUNS times (default 3), each a separate process gated against the committed
 #                    baselines: a fresh-machine A/A, and independent runs to promote (run-<i>.json, and the
 #                    A/A table in gemm-aa.log); no run starts that would end past MOEBENCH_AA_BUDGET_S
@@ -126,9 +126,10 @@ plant_narrow() {  # the plant, gated against the scratch entries when counters-p
 for s in "$@"; do
   case "$s" in
     install-vllm) install vllm-0.21.0 /tmp/site 300 || { [ "$first_rc" -eq 0 ] && first_rc=1; } ;;
-    gemm-aa) step gemm-aa in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
+    gemm-aa) gemm_k=(); [ -n "${MOEBENCH_GEMM_K:-}" ] && gemm_k=(-k "$MOEBENCH_GEMM_K")
+      step gemm-aa in_suite python3 -m moebench aa --runs "${MOEBENCH_AA_RUNS:-3}" \
       --budget-s "${MOEBENCH_AA_BUDGET_S:-1300}" --out "$out" -- benchmarks/ \
-      -m "${MOEBENCH_GEMM_M:-(gemm and not full) or selfcheck}" ;;
+      -m "${MOEBENCH_GEMM_M:-(gemm and not full) or selfcheck}" "${gemm_k[@]}" ;;
     # SGLang is not staged by this job: its entries would read as strict skips
     decode-gate) step decode-gate decode_lent -- -k "not sglang" --decode-instances "${MOEBENCH_DECODE_INSTANCES:-1}" ;;
     plant-marlin) PLANTED=1 MOEBENCH_PLANT_MARLIN_CYCLES=${MOEBENCH_PLANT_MARLIN_CYCLES:-700} \

@@ -29,7 +29,7 @@ def gate_job(tmp_path: Path, *steps: str, python: str = FAKE_PYTHON, **extra_env
     fake.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", JOB_OUT=str(tmp_path / "out"),
                MOEBENCH_LENT_SCRATCH=str(tmp_path / "scratch"), PYTHONPATH="", **extra_env)
-    for name in ("MOEBENCH_NCU", "MOEBENCH_GEMM_M", "MOEBENCH_AA_RUNS", "MOEBENCH_COUNTERS_RUNS"):
+    for name in ("MOEBENCH_NCU", "MOEBENCH_GEMM_M", "MOEBENCH_GEMM_K", "MOEBENCH_AA_RUNS", "MOEBENCH_COUNTERS_RUNS"):
         if name not in extra_env:
             env.pop(name, None)
     return subprocess.run(["bash", str(SCRIPT), *steps], cwd=REPO, env=env, capture_output=True, text=True,
@@ -49,6 +49,7 @@ def test_a_failing_step_does_not_stop_the_next_and_the_job_fails_with_its_code(t
     out = tmp_path / "out"
     aa_log = (out / "gemm-aa.log").read_text()
     assert "moebench aa --runs 3" in aa_log and '(gemm and not full) or selfcheck' in aa_log
+    assert " -k " not in aa_log  # no MOEBENCH_GEMM_K: the whole selection
     plant_log = (out / "plant-marlin.log").read_text()  # ran after the failure, with ci/planted first
     assert "-p moebench_planted_gemm" in plant_log and f"PYTHONPATH={REPO}/ci/planted:{REPO}/src" in plant_log
     assert "CYCLES=700" in plant_log
@@ -102,3 +103,10 @@ def test_one_job_times_a_narrowed_selection_more_often_than_it_counts_it(tmp_pat
     assert "moebench aa --runs 3 " in timed and f"-m {sel} PYTHONPATH" in timed and "selfcheck" not in timed
     counted = (tmp_path / "out" / "counters-aa.log").read_text()
     assert "moebench aa --runs 1 " in counted and "--counters" in counted
+
+
+def test_gemm_aa_narrows_by_moebench_gemm_k(tmp_path):
+    """The next H200 lease records only the int4 cases that lack runs: -m picks the default, -k the cases."""
+    gate_job(tmp_path, "gemm-aa", MOEBENCH_GEMM_M="gemm and not full", MOEBENCH_GEMM_K="int4 and (m32- or m64-)")
+    aa_log = (tmp_path / "out" / "gemm-aa.log").read_text()
+    assert "-m gemm and not full -k int4 and (m32- or m64-)" in aa_log

@@ -127,7 +127,11 @@ def test_fused_summary_from_fake_timings():
     late = rep.fused_summary(dict(TIMES, fused_late_b=T(13.0, 0.002)), "fused_late_b")
     assert late["us"] == 13.0 and late["saved_us"] == pytest.approx(1.07)
     assert rep.fused_line("kimi-k2.5", 1, f) == (
-        "  kimi-k2.5 M=1 one launch: 12.00 us, +2.07 us against both; 2.40 us over up alone")
+        "  kimi-k2.5 M=1 one launch: 12.00 us, 2.07 us faster than both; 2.40 us over up alone")
+    # session 24's H200 reading: the one launch lost
+    slow = rep.fused_summary(dict(TIMES, fused=T(15.62, 0.002)))
+    assert rep.fused_line("kimi-k2.5", 1, slow) == (
+        "  kimi-k2.5 M=1 one launch: 15.62 us, 1.55 us slower than both; 6.02 us over up alone")
 
 
 def test_a_one_launch_program_that_gave_up_its_wait_fails_the_case(monkeypatch):

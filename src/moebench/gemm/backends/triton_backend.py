@@ -8,7 +8,8 @@
                   included, where `triton` runs the pair-major one: the two kernels side by side at every M
     triton_fused  int4-g32 fused at M = 1 in one launch (w4_fused.py, version 7 in docs/triton-moe-notes.md):
                   the pair-major kernel's weights and tiles, up, SiLU and down without the launch between
-                  them; outside the default selection until its entries are measured (-m "full and triton_fused")
+                  them; outside the default selection (-m "full and triton_fused"): it measured slower than
+                  `triton` (docs/triton-moe-notes.md, version 7)
 """
 
 from __future__ import annotations

@@ -158,5 +158,7 @@ def fused_summary(times: dict[str, Timed], name: str = "fused") -> dict:
 def fused_line(model: str, M: int, f: dict, label: str = "one launch") -> str:
     """One line of the one-launch kernel's result, as printed while the run goes on."""
     sig = "" if f["significant"] else " (within the timings' spread)"
-    return (f"  {model} M={M} {label}: {f['us']:.2f} us, {f['saved_us']:+.2f} us against both{sig}; "
+    # in words, not a sign: session 24 read "-1.55 us against both" as a gain at first glance
+    way = "faster" if f["saved_us"] >= 0 else "slower"
+    return (f"  {model} M={M} {label}: {f['us']:.2f} us, {abs(f['saved_us']):.2f} us {way} than both{sig}; "
             f"{f['vs_up_us']:.2f} us over up alone")
