@@ -122,3 +122,30 @@ def test_the_experts_backend_builds_the_expert_major_kernel_at_every_m(m):
     assert BACKENDS["triton_experts"].supports(GemmCase("kimi-k2.5", 8, "fused", 128, "int4-g32", "decode",
                                                         "triton_experts"))
     assert w4_operands(wl, kernel="mma_experts")[1] is w4_operands(wl, kernel="mma")[1]
+
+
+def _pair_up_expert_down_err(M, K, I, topk, down, crowd, seed=1):
+    """w4_mma's pair-major up launch, then w4_experts.down_launch on its activations (w4_split --down-experts)."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
+    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
+    ids = _routing(M, topk, crowd, g)
+    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
+    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
+    c = w4_mma.plan_call(x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]), tw, ids,
+                         config=(KernelConfig(16, 32, 1), KernelConfig(*down)), pdl=False)
+    out = w4_experts.down_launch(c, w4_mma.up_launch(c))
+    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
+    assert out.shape == (M, K) and not torch.isnan(out).any()
+    return ((out.float() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("M, K, I, topk, down, crowd", [
+    (3, 64, 32, 2, (32, 32, 2), False),   # pairs spread over the experts
+    (9, 96, 64, 2, (64, 64, 4), True),    # 9 pairs on expert 3: two chunks of its down
+])
+def test_the_expert_major_down_on_the_pair_major_ups_activations_matches_the_reference(interp, M, K, I, topk, down,
+                                                                                        crowd):
+    """Both up launches write one activation row a (token, slot) pair, so the split can time v5's up with v6's
+    down: the pair must compute the MoE."""
+    assert interp(_pair_up_expert_down_err, M, K, I, topk, down, crowd) < 1e-2

@@ -134,6 +134,19 @@ def test_fused_summary_from_fake_timings():
         "  kimi-k2.5 M=1 one launch: 15.62 us, 1.55 us slower than both; 6.02 us over up alone")
 
 
+def test_down_experts_summary_from_fake_timings():
+    times = dict(TIMES, down_dx=T(3.1, 0.003), both_dx=T(12.9, 0.002))
+    d = rep.down_experts_summary(times)
+    assert d["us"] == 12.9 and d["saved_us"] == pytest.approx(14.07 - 12.9) and d["significant"] is True
+    assert (d["down_us"], d["pair_down_us"]) == (3.1, 6.0)
+    assert rep.down_experts_line("kimi-k2.5", 16, d) == (
+        "  kimi-k2.5 M=16 pair-major up, expert-major down: 12.90 us, 1.17 us faster than both; down alone 3.10 us "
+        "(pair-major 6.00)")
+    worse = rep.down_experts_summary(dict(times, both_dx=T(14.1, 0.002)))
+    assert worse["significant"] is False and "0.03 us slower than both (within the timings' spread)" in (
+        rep.down_experts_line("kimi-k2.5", 16, worse))
+
+
 def test_a_one_launch_program_that_gave_up_its_wait_fails_the_case(monkeypatch):
     """Correct output is not enough: a wait that gave up means the grid was not resident, so the next launch
     may not be right either; check_fused names the rotation."""
@@ -224,7 +237,7 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
     out = tmp_path / "split.json"
     seen = []
 
-    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=(), fused=False):
+    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=(), fused=False, down_experts=False):
         seen.append([c["M"] for c in json.loads(out.read_text())["cases"]])  # what a reader sees now
         log(f"{case.model} M={case.m}: timing")
         if case.m == 2:
@@ -267,10 +280,12 @@ class _Recorder:
 
     def __init__(self):
         self.launches = []
+        self.pointers = []  # (a, out) of each launch: apart, since a fresh output differs from call to call
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             a, w, s, ids, tw, out = args[:6]
+            self.pointers.append((a.data_ptr(), out.data_ptr()))
             self.launches.append({"grid": grid, "a": (tuple(a.shape), a.dtype), "out": (tuple(out.shape), out.dtype),
                                   "storage": [t.data_ptr() for t in (w, s, ids, tw)], "scalars": args[6:],
                                   "kwargs": {k: v.data_ptr() if isinstance(v, torch.Tensor) else v
@@ -336,6 +351,43 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
                  "timing fused (one launch)", "timing fused, second down chunk after the wait"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
+
+
+def test_the_down_experts_variants_launch_the_backends_up_then_the_expert_major_down_and_sum(monkeypatch):
+    """--down-experts' both_dx is the backend's own up launch, then the expert-major kernel's down launch at its
+    tiles (experts_config) on that up's activations, then the top-k sum; down_dx is the same down and sum on the
+    activations kept from a real up run."""
+    from moebench.gemm.triton_moe import w4_experts
+
+    case = GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "triton")
+    wl = Workload(GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "-"), "cpu", 1)
+    bench = BACKENDS["triton"].build(case, wl)
+    mma, experts, sums = _Recorder(), _Recorder(), []
+    monkeypatch.setattr(w4_mma, "moebench_w4_mma", mma)
+    monkeypatch.setattr(w4_experts, "moebench_w4_experts", experts)
+    monkeypatch.setattr(w4_experts, "moe_sum_kernel", type("Sum", (), {
+        "__getitem__": lambda self, grid: lambda *a, **k: sums.append((grid, a[0].data_ptr(), a[1].shape))})())
+    tiles, builds, activations = w4_split.split_builds(wl, down_experts=True)
+    dx = w4_experts.experts_config(wl.M, wl.K, wl.I, wl.E, wl.topk)[1]
+    assert tiles["down_experts"] == dx.__dict__
+    mma.launches.clear()
+    bench.calls[0]()
+    backend_up = mma.launches[0]
+    mma.launches.clear()
+    builds["both_dx"].calls[0]()
+    (up,) = mma.launches
+    (down,) = experts.launches
+    assert up == backend_up  # the backend's up launch, unchanged
+    assert down["kwargs"]["UP_ROWS"] == 0 and down["kwargs"]["WEIGHTED"] is True
+    # the activations as the kernels read them: bf16 pairs in int32 words
+    assert down["kwargs"]["num_warps"] == dx.num_warps and down["a"] == ((wl.M * wl.topk, wl.I // 2), torch.int32)
+    (grid, y_ptr, out_shape), = sums
+    assert grid[0] == wl.M and y_ptr == experts.pointers[0][1] and tuple(out_shape) == (wl.M, wl.K)
+    experts.launches.clear()
+    experts.pointers.clear()
+    builds["down_dx"].calls[0]()
+    (alone,) = experts.launches
+    assert alone["kwargs"] == down["kwargs"] and experts.pointers[0][0] == activations[0].data_ptr()
 
 
 def test_the_prefetch_variants_launch_the_backends_launches_with_the_prefetch_alone_added(monkeypatch):

@@ -3,6 +3,7 @@ weights (w4_mma.W4Tiles): one weight decode serves every token of an expert, for
 
     fused_moe_w4_experts(x, w1, w2, topk_weights, topk_ids, config=None, pdl=None) -> [M, K]
     experts_config(M, K, I, E, topk) -> (up, down) KernelConfigs
+    down_launch(call, h) -> [M, K]      the down launch and the top-k sum alone, on any up launch's activations
 
 Three launches: up (gate and up GEMMs and silu(gate) * up, per expert, into h [M * topk, I]), down (per expert,
 weighted by the top-k weights, into y [M * topk, K]), and the top-k sum of y into out [M, K] (grouped.py's
@@ -19,7 +20,7 @@ from .config import KernelConfig, m_bucket, table_entry
 from .grouped import moe_sum_kernel
 from .w4 import use_asm
 from .w4_experts_kernel import moebench_w4_experts
-from .w4_mma import TILE, W4Tiles, lane_sets, plan_call
+from .w4_mma import TILE, MmaCall, W4Tiles, lane_sets, plan_call
 
 SUM_BLOCK_N = 1024  # top-k sum: columns a program adds (7168 / 1024 = 7 programs a token)
 
@@ -66,9 +67,18 @@ def fused_moe_w4_experts(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights
     h = torch.empty((M * c.topk, c.I), dtype=x.dtype, device=x.device)
     _launch(x, c.w1, c.ids, c.tw, h, N=c.I, up_rows=c.I, a_div=c.topk, weighted=False, kc=c.up,
             pdl_trigger=c.pdl)
-    y = torch.empty((M * c.topk, K), dtype=x.dtype, device=x.device)
+    return down_launch(c, h)
+
+
+def down_launch(c: MmaCall, h: torch.Tensor) -> torch.Tensor:
+    """The expert-major down launch on activations h [M * topk, I], weighted by the top-k weights, then the top-k
+    sum: out [M, K]. h may come from either up launch (this module's or w4_mma.up_launch: both write one row a
+    (token, slot) pair), which is how w4_split times the pair-major up beside this down. With PDL it streams its
+    weights before waiting for h's writer."""
+    M, K = c.M, c.w2.N
+    y = torch.empty((M * c.topk, K), dtype=c.x.dtype, device=c.x.device)
     _launch(h, c.w2, c.ids, c.tw, y, N=K, up_rows=0, a_div=1, weighted=True, kc=c.down, pdl_wait=c.pdl)
-    out = torch.empty((M, K), dtype=x.dtype, device=x.device)
+    out = torch.empty((M, K), dtype=c.x.dtype, device=c.x.device)
     moe_sum_kernel[(M, triton.cdiv(K, SUM_BLOCK_N))](y, out, K, y.stride(0), out.stride(0), TOPK=c.topk,
                                                      TOPK_P=triton.next_power_of_2(c.topk), BLOCK_N=SUM_BLOCK_N)
     return out

@@ -4,6 +4,7 @@ much its down launch's (issue 32; docs/triton-moe-notes.md, "The next device cal
     python -m moebench.gemm.triton_moe.w4_split --out split.json [--models kimi-k2.5,deepseek-v3]
                                                 [--ms 1,2,4,8,16] [--replays N]
                                                 [--prefetch-down [l2,evict_last]] [--fused]
+                                                [--down-experts]
     python -m moebench.gemm.triton_moe.w4_split --smoke --out smoke.json   # CPU interpreter, tiny shapes
 
 A case is the gemm family's GemmCase(model, 8, "fused", M, "int4-g32", "decode", "triton") on its Workload
@@ -29,6 +30,12 @@ counters the first left), and no program may have given up its wait; a variant p
 does not fit the GPU in one wave: M > 1 on the real shapes; lane sets the shape cannot take) records why and the
 rest are timed. The report's `fused` holds its time and what it saved against both
 (w4_split_report.fused_summary), and each other variant under its own name.
+
+With --down-experts (issue 32 at M = 16: down's share is where the pair-major call loses most), two more are
+timed after `both`: `both_dx`, the same up launch followed by the expert-major kernel's down launch and top-k
+sum (w4_experts.down_launch, at its own tiles, experts_config), and `down_dx`, that down alone on the kept
+activations. Both are checked against the reference first. The report's `down_experts` holds them against both
+and against the pair-major down alone (w4_split_report.down_experts_summary).
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -62,12 +69,13 @@ from moebench.gemm.backends.base import Built
 from moebench.gemm.backends.triton_backend import w4_operands
 from moebench.gemm.cases import ROTATIONS, GemmCase
 from moebench.gemm.presets import PRESETS
-from moebench.gemm.triton_moe import w4_fused, w4_mma
+from moebench.gemm.triton_moe import w4_experts, w4_fused, w4_mma
 from moebench.gemm.triton_moe.config import GEMV_MAX_M
 from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
 from moebench.gemm.triton_moe.w4_prefetch import MODES as PREFETCH_MODES
-from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, fused_line, fused_summary, kernel_bytes,
-                                                      prefetch_line, prefetch_summary, summarize, verdict)
+from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, down_experts_line, down_experts_summary,
+                                                      fused_line, fused_summary, kernel_bytes, prefetch_line,
+                                                      prefetch_summary, summarize, verdict)
 from moebench.gemm.workload import Workload
 
 PROG = "w4_split"
@@ -79,10 +87,12 @@ PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what 
 LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
           "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
           "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
-          "fused_dks4": "fused, down over 4 lane sets"}
+          "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
+          "both_dx": "up, then the expert-major down"}
 # --fused's variants: w4_fused.plan_fused's (early_b, down_lane_sets): both of down's load chunks before the
 # pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
 FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
+DOWN_EXPERTS = ("down_dx", "both_dx")  # --down-experts: that down alone, then after the pair-major up
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,6 +163,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                          f"modes; bare: {PREFETCH_ALL})")
     ap.add_argument("--fused", action="store_true",
                     help="also time the one-launch kernel (w4_fused.py) right after both (up then down)")
+    ap.add_argument("--down-experts", action="store_true",
+                    help="also time the up launch followed by the expert-major kernel's down (w4_experts.py)")
     args = ap.parse_args(argv)
     if args.replays is not None and args.replays < 1:
         ap.error(f"--replays must be >= 1, got {args.replays}")
@@ -175,7 +187,8 @@ class FusedBuilt(Built):
     fused_calls: list = field(default_factory=list)
 
 
-def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tuple[dict, dict[str, Built], list]:
+def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
+                 down_experts: bool = False) -> tuple[dict, dict[str, Built], list]:
     """(tiles, {"both", "up", "down", "bench_i32"}, activations) over the workload's rotations, on the weights
     and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations
     are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the backend's
@@ -183,7 +196,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tup
     mode adds "up_pf_<mode>" and "both_pf_<mode>": the same calls with the up launch prefetching down's weights
     into L2. fused adds "fused", the one-launch kernel on the same calls (w4_fused.plan_fused each, so each
     rotation has its own workspace and counters), with its variants (FUSED_VARIANTS); one plan_fused refuses is
-    left out, its reason in tiles["fused_refused"][name]."""
+    left out, its reason in tiles["fused_refused"][name]. down_experts adds "both_dx" and "down_dx": the same
+    calls with the expert-major down launch and sum (w4_experts.down_launch) at its tiles (tiles["down_experts"])."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -214,6 +228,13 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False) -> tup
                 continue
             builds[name] = FusedBuilt([lambda fc=fc: w4_fused.fused_launch(fc) for fc in fcs], fused_calls=fcs)
             tiles["fused_warps"] = fcs[0].ks
+    if down_experts:
+        dx = w4_experts.experts_config(wl.M, wl.K, wl.I, wl.E, wl.topk)[1]
+        w4_mma.lane_sets(dx)  # tiles the kernel cannot lay out are refused before anything runs
+        cdx = [replace(c, down=dx) for c in calls]
+        builds["both_dx"] = Built([lambda c=c: w4_experts.down_launch(c, w4_mma.up_launch(c)) for c in cdx])
+        builds["down_dx"] = Built([lambda c=c, h=h: w4_experts.down_launch(c, h) for c, h in zip(cdx, hs)])
+        tiles["down_experts"] = dx.__dict__
     return tiles, builds, hs
 
 
@@ -242,7 +263,7 @@ def check_fused(fused: FusedBuilt, wl, key: str) -> float:
 
 
 def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log,
-                 prefetch: tuple[str, ...] = (), fused: bool = False) -> dict:
+                 prefetch: tuple[str, ...] = (), fused: bool = False, down_experts: bool = False) -> dict:
     """Check, then time, one case's four variants (and two per prefetch mode); the case's entry of the report.
     AssertionError when an output is wrong (nothing is timed then)."""
     entry = {"case": case.key, "model": case.model, "tp": case.tp, "M": case.m, "dtype": case.dtype}
@@ -250,7 +271,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device, rotations)
     backend = BACKENDS[case.backend]
     bench = backend.build(case, wl)
-    tiles, builds, activations = split_builds(wl, prefetch, fused)
+    tiles, builds, activations = split_builds(wl, prefetch, fused, down_experts)
     if bench.info["config"] != {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}:
         raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
                            f"would time another kernel")
@@ -267,6 +288,9 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     for name in FUSED_VARIANTS:
         if name in builds:
             entry["rel_error"][name] = check_fused(builds[name], wl, f"{case.key} {LABELS[name]}")
+    for name in DOWN_EXPERTS:
+        if name in builds:  # down_dx reads real activations, so its output is the call's too
+            entry["rel_error"][name] = runner.check(builds[name], wl, key=f"{case.key} {LABELS[name]}")["rel_error"]
     for name, why in tiles.get("fused_refused", {}).items():
         log(f"{case.model} M={case.m}: no {LABELS[name]} timing: {why}")
     for mode in prefetch:
@@ -277,7 +301,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
     order = ["bench", "bench_i32", "up", "down", "both"] + [v for v in FUSED_VARIANTS if v in builds] \
-        + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
+        + [v for v in DOWN_EXPERTS if v in builds] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
         log(f"{case.model} M={case.m}: timing {LABELS[name] if name in LABELS else _pf_label(name)}")
@@ -299,6 +323,9 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         if name in times:
             entry[name] = fused_summary(times, name)
             log(fused_line(case.model, case.m, entry[name], LABELS[name]))
+    if down_experts:
+        entry["down_experts"] = down_experts_summary(times)
+        log(down_experts_line(case.model, case.m, entry["down_experts"]))
     if prefetch:
         entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
         for m in prefetch:
@@ -350,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
            "rotations": rotations, "prefetch_down": list(args.prefetch_down), "fused": args.fused,
+           "down_experts": args.down_experts,
            "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
            "done": False, "cases": []}
     log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
@@ -358,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         try:
             entry = measure_case(case, device, ceiling, l2, rule, rotations, log, prefetch=args.prefetch_down,
-                                 fused=args.fused)
+                                 fused=args.fused, down_experts=args.down_experts)
         except Exception as exc:  # one failing case is a finding; the others still run
             entry = {"case": case.key, "model": case.model, "M": case.m,
                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}

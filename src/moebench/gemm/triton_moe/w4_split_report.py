@@ -155,10 +155,38 @@ def fused_summary(times: dict[str, Timed], name: str = "fused") -> dict:
             "significant": abs(saved) / both.us > agree_tol(both, fused)}
 
 
+def _against_both(saved_us: float, significant: bool) -> str:
+    """'2.07 us faster than both' or '1.55 us slower than both', and whether it is within the spread: in words,
+    not a sign (session 24 read "-1.55 us against both" as a gain at first glance)."""
+    way = "faster" if saved_us >= 0 else "slower"
+    sig = "" if significant else " (within the timings' spread)"
+    return f"{abs(saved_us):.2f} us {way} than both{sig}"
+
+
 def fused_line(model: str, M: int, f: dict, label: str = "one launch") -> str:
     """One line of the one-launch kernel's result, as printed while the run goes on."""
-    sig = "" if f["significant"] else " (within the timings' spread)"
-    # in words, not a sign: session 24 read "-1.55 us against both" as a gain at first glance
-    way = "faster" if f["saved_us"] >= 0 else "slower"
-    return (f"  {model} M={M} {label}: {f['us']:.2f} us, {abs(f['saved_us']):.2f} us {way} than both{sig}; "
+    return (f"  {model} M={M} {label}: {f['us']:.2f} us, {_against_both(f['saved_us'], f['significant'])}; "
             f"{f['vs_up_us']:.2f} us over up alone")
+
+
+def down_experts_summary(times: dict[str, Timed]) -> dict:
+    """The pair-major up launch followed by the expert-major down and top-k sum (w4_experts.down_launch), timed
+    as `both_dx`, and that down alone on the kept activations (`down_dx`), against `both` and `down`, one process:
+
+    us, noise       both_dx's graph time per call
+    saved_us        both - both_dx (> 0: the expert-major down wins)
+    down_us         down_dx: the expert-major down and sum alone
+    pair_down_us    down: the pair-major down alone, on the same activations
+    significant     saved_us is outside the two timings' spread (agree_tol)
+    """
+    both, bdx = times["both"], times["both_dx"]
+    saved = both.us - bdx.us
+    return {"us": bdx.us, "noise": bdx.noise, "saved_us": saved, "down_us": times["down_dx"].us,
+            "pair_down_us": times["down"].us, "significant": abs(saved) / both.us > agree_tol(both, bdx)}
+
+
+def down_experts_line(model: str, M: int, d: dict) -> str:
+    """One line of the expert-major down's result, as printed while the run goes on."""
+    return (f"  {model} M={M} pair-major up, expert-major down: {d['us']:.2f} us, "
+            f"{_against_both(d['saved_us'], d['significant'])}; down alone {d['down_us']:.2f} us "
+            f"(pair-major {d['pair_down_us']:.2f})")
