@@ -27,17 +27,22 @@ def _routing(M, topk, crowd, g):
     return ids.int()
 
 
-def _fused_err(M, K, I, topk, up, down, crowd, seed=0):
+def _problem(M, K, I, topk, crowd, seed):
+    """(x, packed w1, packed w2, topk weights, ids, float32 reference) of one int4 MoE call."""
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(M, K, generator=g) * 3).bfloat16()
     w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
     ids = _routing(M, topk, crowd, g)
     tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
     d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
-    out = w4_experts.fused_moe_w4_experts(
-        x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]), tw, ids,
-        config=(KernelConfig(*up), KernelConfig(*down)), pdl=False)
     ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
+    return x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]), tw, ids, ref
+
+
+def _fused_err(M, K, I, topk, up, down, crowd, seed=0):
+    x, w1, w2, tw, ids, ref = _problem(M, K, I, topk, crowd, seed)
+    out = w4_experts.fused_moe_w4_experts(x, w1, w2, tw, ids, config=(KernelConfig(*up), KernelConfig(*down)),
+                                          pdl=False)
     assert out.shape == (M, K) and out.dtype == torch.bfloat16 and not torch.isnan(out).any()
     return ((out.float() - ref).norm() / ref.norm()).item()
 
@@ -126,16 +131,9 @@ def test_the_experts_backend_builds_the_expert_major_kernel_at_every_m(m):
 
 def _pair_up_expert_down_err(M, K, I, topk, down, crowd, seed=1):
     """w4_mma's pair-major up launch, then w4_experts.down_launch on its activations (w4_split --down-experts)."""
-    g = torch.Generator().manual_seed(seed)
-    x = (torch.randn(M, K, generator=g) * 3).bfloat16()
-    w1, w2 = torch.randn(E, 2 * I, K, generator=g) / K ** 0.5, torch.randn(E, K, I, generator=g) / I ** 0.5
-    ids = _routing(M, topk, crowd, g)
-    tw = torch.softmax(torch.randn(M, topk, generator=g), -1)
-    d1, d2, q = tm.quantize_moe(w1, w2, "int4_w4a16", 32)
-    c = w4_mma.plan_call(x, w4_mma.pack_tiles16(d1, q.scales[0]), w4_mma.pack_tiles16(d2, q.scales[1]), tw, ids,
-                         config=(KernelConfig(16, 32, 1), KernelConfig(*down)), pdl=False)
+    x, w1, w2, tw, ids, ref = _problem(M, K, I, topk, crowd, seed)
+    c = w4_mma.plan_call(x, w1, w2, tw, ids, config=(KernelConfig(16, 32, 1), KernelConfig(*down)), pdl=False)
     out = w4_experts.down_launch(c, w4_mma.up_launch(c))
-    ref = tm.fused_moe_ref(x, tm.dequantize_weight(d1, q, 0), tm.dequantize_weight(d2, q, 1), tw, ids)
     assert out.shape == (M, K) and not torch.isnan(out).any()
     return ((out.float() - ref).norm() / ref.norm()).item()
 
