@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from moebench.gemm.backends.base import Backend, Built
 from moebench.gemm.cases import GemmCase
+from moebench.gemm.presets import PRESETS
 
 
 def _triton_weight(wl, which: str):
@@ -163,7 +164,6 @@ def fused_gpu_fit(case: GemmCase) -> str | None:
     or None."""
     import torch
 
-    from moebench.gemm.presets import PRESETS
     from moebench.gemm.triton_moe.w4_fused import grid_too_large
 
     p = PRESETS[case.model]
