@@ -121,3 +121,11 @@ def test_the_fused_backend_skips_a_gpu_too_small_and_stays_out_of_the_default_se
     assert fused.unavailable(case(1), "cuda", (9, 0)) is None
     assert fused.unavailable(case(1), "cpu", None) == "triton_fused needs a CUDA GPU; this machine has none"
     assert not is_default(case(1))
+
+
+def test_the_activations_start_as_nan_so_a_wait_given_up_fails_the_first_check():
+    """A program that read its pair's activations before they were written would read NaN, not leftovers of an
+    earlier kernel that may equal them: the first call's reference check fails then."""
+    c, _ = _call(1, 64, 32, 2, (16, 32, 1))
+    fc = w4_fused.plan_fused(c)
+    assert torch.isnan(fc.h).all() and not fc.ws.any() and not fc.sync.any()

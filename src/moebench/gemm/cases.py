@@ -85,12 +85,12 @@ INT4_DEFAULT_M = {"kimi-k2.5": (1, 2, 4, 8, 16, 32, 64, 128), "deepseek-v3": (1,
 # Backends outside the default selection at every case: experiments kept for comparison, not for the nightly
 # run. The one-launch int4 kernel (issue 32's version 7) measured 1.6 us slower than `triton`'s two launches at
 # M = 1 on an H200 (session 24: 15.8-15.9 against 14.0-14.3 us); it joins if a later version wins.
-_NOT_YET_DEFAULT = ("triton_fused",)
+_COMPARISON_ONLY = ("triton_fused",)
 
 
 def is_default(c: GemmCase) -> bool:
     """Whether a case is in the default selection (the rest carries the `full` marker)."""
-    if c.backend in _NOT_YET_DEFAULT:
+    if c.backend in _COMPARISON_ONLY:
         return False
     if c.model == "tiny":
         return c.routing == "decode" and c.m in (1, 4, 16) and (

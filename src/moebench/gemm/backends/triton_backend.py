@@ -146,8 +146,8 @@ triton_experts = Backend("triton_experts", frozenset({"fused"}), frozenset({"int
 def build_fused(case: GemmCase, wl) -> Built:
     """int4-g32 fused MoE in one launch, on the pair-major kernel's packed weights and tiles (w4_operands). Each
     rotation's call is planned here, before any graph capture: its workspace and counters are allocated zero
-    once, and each call leaves them zero for the next. A program whose pair wait gives up leaves the output
-    wrong, so the suite's reference check (on a fresh activation buffer) is what catches a grid that was not
+    once, and each call leaves them zero for the next. A program whose pair wait gives up reads activations that
+    plan_fused left NaN, so the suite's reference check (each rotation's first call) catches a grid that was not
     resident at once."""
     from moebench.gemm.triton_moe import w4_fused, w4_mma
 

@@ -87,7 +87,9 @@ def plan_fused(c: MmaCall, early_b: bool = True, down_lane_sets: int = 1) -> Fus
         raise ValueError(f"down_lane_sets must be a power of two dividing the {ks} warps and I / 32 = {gd}, "
                          f"got {down_lane_sets}")
     dev = c.x.device
-    return FusedCall(c, torch.empty(P, I, dtype=torch.bfloat16, device=dev),
+    # the activations start as NaN: a program that read them before its pair wrote them (a wait given up) turns
+    # the first call's output NaN, which the reference check catches, instead of stale values that may match
+    return FusedCall(c, torch.full((P, I), float("nan"), dtype=torch.bfloat16, device=dev),
                      torch.zeros(c.M, K, dtype=torch.float32, device=dev),
                      torch.zeros(P + c.M * T + 1, dtype=torch.int32, device=dev), ks, gpi, early_b,
                      down_lane_sets)
