@@ -212,3 +212,19 @@ def test_diff_marks_a_narrowing_of_a_metric_s_machines_looser(tmp_path, capsys):
     assert (f"ncu_dram_read_bytes machines {FIVE[3]}, {FIVE[4]} -> {FIVE[4]} [LOOSER: {FIVE[3]} no longer named "
             "as recording") in out
     assert main(["baselines", "diff", str(b), str(a), "--exit-code"]) == 0, "a machine added to a metric is not looser"
+
+
+def test_diff_shows_the_machine_medians_that_came_and_moved_not_the_two_whole_maps(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(a)])
+    main(["baselines", "promote", str(RUN1), "--case", COPY, "--baseline-dir", str(b)])
+    for root, medians in ((a, {"gpu-a": (100.0, 3), "gpu-b": (104.0, 1)}),
+                          (b, {"gpu-a": (101.0, 4), "gpu-b": (104.0, 1), "gpu-c": (99.0, 2)})):
+        path = root / "nvidia-h200-x1" / "selfcheck.json"
+        doc = json.loads(path.read_text())
+        doc["entries"][COPY]["metrics"]["copy_GBps"]["by_machine"] = {g: {"value": v, "runs": r}
+                                                                      for g, (v, r) in medians.items()}
+        path.write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["baselines", "diff", str(a), str(b)]) == 0
+    assert "copy_GBps machine medians +gpu-c 99, gpu-a 100 -> 101 (3 -> 4 runs)" in capsys.readouterr().out

@@ -96,6 +96,30 @@ def test_promote_of_one_run_names_its_machine(tmp_path):
     assert (e["machines"], e["independent_runs"]) == (["gpu-bbbbbbbbbbbb"], 1)
 
 
+def test_promote_over_two_machines_writes_their_medians_and_the_file_loads_again(tmp_path):
+    runs = [_run_file(tmp_path, "a.json", 1.0, "gpu-aaaaaaaaaaaa"), _run_file(tmp_path, "b.json", 1.02, "gpu-bbbbbbbbbbbb")]
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    m = load_file(root / "nvidia-h200-x1" / "selfcheck.json")["entries"][COPY]["metrics"]["copy_GBps"]
+    assert set(m["by_machine"]) == {"gpu-aaaaaaaaaaaa", "gpu-bbbbbbbbbbbb"}
+    assert m["by_machine"]["gpu-bbbbbbbbbbbb"]["value"] == pytest.approx(1.02 * m["by_machine"]["gpu-aaaaaaaaaaaa"]["value"])
+
+
+@pytest.mark.parametrize("bad", [{"gpu-a": {"value": 1.0, "runs": 1}}, {"gpu-a": {"value": 1.0, "runs": 1}, "gpu-b": {"value": 0, "runs": 1}},
+                                 {"gpu-a": {"value": 1.0, "runs": 1}, "gpu-b": {"value": 1.0, "runs": 0}},
+                                 {"gpu-a": {"value": 1.0, "runs": 1}, "gpu-b": {"value": 1.0}}, [1.0, 2.0]])
+def test_a_malformed_by_machine_is_refused_naming_the_field(tmp_path, bad):
+    runs = [_run_file(tmp_path, "a.json", 1.0, "gpu-aaaaaaaaaaaa"), _run_file(tmp_path, "b.json", 1.02, "gpu-bbbbbbbbbbbb")]
+    root = tmp_path / "baselines"
+    assert main(["baselines", "promote", *map(str, runs), "--case", COPY, "--baseline-dir", str(root)]) == 0
+    path = root / "nvidia-h200-x1" / "selfcheck.json"
+    doc = json.loads(path.read_text())
+    doc["entries"][COPY]["metrics"]["copy_GBps"]["by_machine"] = bad
+    path.write_text(json.dumps(doc))
+    with pytest.raises(BaselineError, match=r"copy_GBps\.by_machine: must map two or more machines"):
+        load_file(path)
+
+
 @pytest.mark.parametrize("runs, ok", [(3, True), (1, True), (0, False), (True, False), ("3", False)])
 def test_a_results_file_carries_the_engine_instances_of_a_case(runs, ok):
     from moebench.results.document import ResultsDoc, ResultsError
@@ -137,12 +161,44 @@ def test_a_source_combined_over_machines_keeps_their_spread_when_a_machine_is_ad
     assert after["machines"] == ["gpu-a", "gpu-b", "gpu-c"] and after["independent_runs"] == 4
 
 
-def test_a_combined_source_is_a_group_of_its_own_not_its_first_machines_run():
-    # a run on gpu-a beside an entry of gpu-a and gpu-b: two groups (the old code filed the entry under
-    # gpu-a and read the spread between the runs of "one machine")
+def test_a_combined_source_without_machine_medians_is_a_group_of_its_own_not_its_first_machines_run():
+    # a run on gpu-a beside an entry of gpu-a and gpu-b stored before by_machine: two groups (the old code
+    # filed the entry under gpu-a and read the spread between the runs of "one machine")
     both = combine_entries([entry(100.0, "gpu-a"), entry(100.0, "gpu-b")], "k")
+    del both["metrics"]["t"]["by_machine"]
     e = combine_entries([both, entry(104.0, "gpu-a")], "k")
     assert e["metrics"]["t"]["noise_machines"] == pytest.approx(half_range([100.0, 104.0]), abs=1e-6)
+    assert set(e["metrics"]["t"]["by_machine"]) == {"gpu-a+gpu-b", "gpu-a"}
+
+
+def test_a_combined_source_stores_each_machine_and_a_new_run_joins_its_own_machine():
+    # the same, stored with by_machine: gpu-a's new run joins gpu-a's stored one (median 102), gpu-b stays
+    both = combine_entries([entry(100.0, "gpu-a"), entry(100.0, "gpu-b")], "k")
+    assert both["metrics"]["t"]["by_machine"] == {"gpu-a": {"value": 100.0, "runs": 1},
+                                                  "gpu-b": {"value": 100.0, "runs": 1}}
+    t = combine_entries([both, entry(104.0, "gpu-a")], "k")["metrics"]["t"]
+    assert t["by_machine"]["gpu-a"] == {"value": 102.0, "runs": 2}
+    assert t["noise_machines"] == pytest.approx(half_range([102.0, 100.0]), abs=1e-6)
+    assert t["value"] == pytest.approx(101.0)
+
+
+def test_one_new_machine_beside_a_stored_entry_of_four_weighs_as_one_of_five():
+    # session 24: the committed Kimi int4 M = 1 entry (four machines near 14.3) and machine M's runs (14.0)
+    # moved the value halfway, 14.31 -> 14.14, since the four stood as one median; stored one by one, the
+    # fifth machine is one of five and the value stays on the four's median
+    four = combine_entries([entry(v, m) for m, v in (("gpu-a", 14.30), ("gpu-b", 14.31), ("gpu-c", 14.33),
+                                                     ("gpu-d", 14.32))], "k")
+    t = combine_entries([four] + [entry(13.98, "gpu-e")] * 3, "k", stored=[True, False, False, False])["metrics"]["t"]
+    assert t["value"] == pytest.approx(14.31) and len(t["by_machine"]) == 5
+    assert t["by_machine"]["gpu-e"] == {"value": 13.98, "runs": 3}
+    assert t["noise_machines"] == pytest.approx(half_range([14.30, 14.31, 14.33, 14.32, 13.98]), abs=1e-6)
+
+
+def test_a_machines_stored_median_counts_as_its_runs_beside_its_new_runs():
+    # gpu-a's stored median of three runs and one new run of gpu-a: the median of four runs, not of two values
+    two = combine_entries([entry(100.0, "gpu-a")] * 3 + [entry(110.0, "gpu-b")], "k")
+    t = combine_entries([two, entry(104.0, "gpu-a")], "k")["metrics"]["t"]
+    assert t["by_machine"]["gpu-a"] == {"value": 100.0, "runs": 4}
 
 
 def test_the_value_weighs_each_machine_once_not_each_run():
@@ -229,14 +285,16 @@ def test_a_counter_stored_on_one_machine_counts_as_that_machine_when_a_second_is
 
 
 def test_a_stored_counter_groups_with_new_runs_of_its_own_machine_not_with_the_time_s_machines():
-    # the stored counter was counted on gpu-e alone: gpu-e's new run joins it as one machine (median 100.2),
-    # not as a sixth group beside an "a+b+c+d+e" one, so the entry sits between e and f
+    # the stored counter was counted on gpu-e alone (3 runs of 100.0): gpu-e's new run joins them as one
+    # machine (the median of four runs, 100.0), not as a sixth group beside an "a+b+c+d+e" one, so the entry
+    # sits between e and f
     first = combine_entries([committed_four_machines()] + [kernel_entry(24.4, "gpu-e", counted=100.0)] * 3, "k",
                             stored=[True, False, False, False])
     e = combine_entries([first, kernel_entry(24.4, "gpu-e", counted=100.4), kernel_entry(24.4, "gpu-f", counted=102.0)],
                         "k", stored=[True, False, False])
     c = e["metrics"]["ncu_dram_read_bytes"]
-    assert c["value"] == pytest.approx(101.1) and c["noise"] == pytest.approx(round(0.2 / 100.2, 6))
+    assert c["value"] == pytest.approx(101.0) and c["noise"] == pytest.approx(round(0.2 / 100.0, 6))
+    assert c["by_machine"] == {"gpu-e": {"value": 100.0, "runs": 4}, "gpu-f": {"value": 102.0, "runs": 1}}
 
 
 def test_a_metric_of_the_same_machines_but_fewer_runs_names_its_runs_only():

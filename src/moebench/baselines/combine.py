@@ -11,6 +11,13 @@ the median of its machines' medians (on one machine, of its runs' values), and t
   their range over the median), which the gate uses on any other machine of the kind; a source combined
   before over several machines keeps its own spread, so adding a machine never narrows it.
 
+An entry over two or more machines also stores each machine's median and run count (`by_machine`), so the
+next promotion weighs its machines one by one: without it, the committed entry of four machines stood as
+one median beside a new machine's, and one new machine moved the value halfway towards itself. A machine's
+stored median counts as that many runs of it when its new runs join it (the median of the repeated median
+and the new values: exact when the stored runs agreed). A source stored before `by_machine` existed is one
+group of its machines ("gpu-a+gpu-b", its `by_machine` key once combined) with its own spread carried.
+
 A source is a measured run (a results file) or stored (a baseline file or a proposal, whose entries may
 predate a metric). A metric is kept when every measured run among the sources has it, over the sources
 that have it: counters counted on one new machine, promoted with the committed file whose time entries
@@ -59,26 +66,51 @@ def own_rel_tol(ms: Sequence[dict]) -> float:
     return own[-1] if own else ms[-1]["rel_tol"]
 
 
-def _metric(name: str, runs: Sequence[tuple[str, dict]], where: str) -> dict:
-    ms = [m for _, m in runs]
+GROUP_JOIN = "+"  # joins the machines of a group stored as one median ("gpu-a+gpu-b")
+
+
+def _machine_values(group: str, m: dict, runs: int) -> list[tuple[str, float, int]]:
+    """(machine group, median, runs) of one source's metric: each machine of a stored `by_machine`, else
+    the source as one group (a measured run: its machine, one run)."""
+    stored = m.get("by_machine")
+    if isinstance(stored, dict) and stored:
+        return [(g, float(v["value"]), int(v["runs"])) for g, v in stored.items()]
+    return [(group, float(m["value"]), runs)]
+
+
+def _hides_machines(m: dict) -> bool:
+    """Whether a source's metric stands for several machines whose medians it does not store: its spread
+    between them (noise_machines) must be carried, since the groups here cannot show it."""
+    stored = m.get("by_machine")
+    if isinstance(stored, dict) and stored:
+        return any(GROUP_JOIN in g for g in stored)
+    return True
+
+
+def _metric(name: str, runs: Sequence[tuple[str, dict, int]], where: str) -> dict:
+    ms = [m for _, m, _ in runs]
     for field in ("unit", "direction"):
         _same(ms, lambda m: m[field], f"{name}.{field}", where)
     by_machine: dict[str, list[float]] = defaultdict(list)
-    for machine, m in runs:
-        by_machine[machine].append(float(m["value"]))
+    for group, m, n_runs in runs:
+        for machine, value, count in _machine_values(group, m, n_runs):
+            by_machine[machine].extend([value] * max(count, 1))
     # the median of the machines' medians: a machine that ran three times weighs as one, so the entry
     # sits between its machines rather than on the one that ran most (on one machine: the runs' median)
-    medians = [statistics.median(v) for v in by_machine.values()]
+    medians = {g: statistics.median(v) for g, v in by_machine.items()}
     between_runs = max(half_range(v) for v in by_machine.values())
-    out = {"value": statistics.median(medians), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
+    out = {"value": statistics.median(medians.values()), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
            "noise": round(max([between_runs] + [float(m["noise"]) for m in ms]), 6), "n": sum(int(m["n"]) for m in ms),
            "rel_tol": own_rel_tol(ms)}
-    # a source already combined over machines carries their spread: a further machine can widen it, never
-    # narrow it (its one median stands for all of its machines here, so the spread between them is kept)
-    carried = [float(m["noise_machines"]) for m in ms if isinstance(m.get("noise_machines"), (int, float))]
+    # a source already combined over machines it does not list one by one carries their spread: a further
+    # machine can widen it, never narrow it (its one median stands for all of its machines here)
+    carried = [float(m["noise_machines"]) for m in ms
+               if isinstance(m.get("noise_machines"), (int, float)) and _hides_machines(m)]
     if len(by_machine) > 1 or carried:
-        between = half_range(medians)
+        between = half_range(list(medians.values()))
         out["noise_machines"] = round(max([between] + carried), 6)
+    if len(by_machine) > 1:
+        out["by_machine"] = {g: {"value": medians[g], "runs": len(v)} for g, v in sorted(by_machine.items())}
     if any(m.get("gate") == "cliff" for m in ms):
         out["gate"] = "cliff"
     # what the metric is bound by: the tolerance rule needs it beside noise_machines (a kernel time whose
@@ -146,7 +178,7 @@ def metrics_left_out(entries: Sequence[dict], stored: Sequence[bool] | None = No
 def _metric_group(entry: dict, metric: dict) -> str:
     """The machine group a source's metric counts as: the machines that recorded that metric (a source
     combined before over several machines is one group of its own, not its first machine's run)."""
-    return "+".join(sorted(metric_machines(entry, metric) or ["unknown"]))
+    return GROUP_JOIN.join(sorted(metric_machines(entry, metric) or ["unknown"]))
 
 
 def _recorders(sources: Sequence[dict], name: str) -> tuple[list[str], int]:
@@ -174,7 +206,8 @@ def combine_entries(entries: Sequence[dict], where: str, stored: Sequence[bool] 
     def_hash = _same(entries, lambda e: e["definition_hash"], "the case definition (definition_hash)", where)
     left_out = metrics_left_out(entries, stored, where, uncounted)
     sources = {n: [e for e in entries if n in e["metrics"]] for n in _names_in_order(entries) if n not in left_out}
-    metrics = {n: _metric(n, [(_metric_group(e, e["metrics"][n]), e["metrics"][n]) for e in es], f"{where} {n}")
+    metrics = {n: _metric(n, [(_metric_group(e, e["metrics"][n]), e["metrics"][n],
+                               int(metric_runs(e, e["metrics"][n]) or 1)) for e in es], f"{where} {n}")
                for n, es in sources.items()}
     if not metrics:
         raise BaselineError(f"{where}: no metric was measured in every measured run")

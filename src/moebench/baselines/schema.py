@@ -14,7 +14,7 @@ A file `baselines/<hardware-key>/<family>.json`:
           "definition_hash": "<sha256 prefix of the case definition>",   # STALE when it changes
           "metrics": {"<name>": {"value", "unit", "direction", "rel_tol", "noise", "n",
                                  "noise_machines"?, "gate"?: "cliff" | "none", "kind"?,
-                                 "tol_rule"?: "tight",
+                                 "tol_rule"?: "tight", "by_machine"?: {"gpu-<12 hex>": {"value", "runs"}},
                                  "machines"?: [...], "independent_runs"?: 3}},  # its own, see below
           "fingerprint": "<id>",       # the machine state it was recorded with, a key of "fingerprints" (optional)
           "machines": ["gpu-<12 hex>", ...],  # which machines measured it (hardware.machine_id; optional)
@@ -146,7 +146,17 @@ METRIC_RULES: dict[str, Rule] = {
     "kind": (lambda x: x in KINDS, f"must be one of {tuple(KINDS)} (moebench.core.kinds)"),
     # the rel_tol was set by the tight rule (moebench.baselines.record), not by a reviewer
     "tol_rule": (lambda x: x == "tight", "must be 'tight' (the rel_tol the 3-machine rule set) or absent"),
+    # each machine's median and runs (moebench.baselines.combine), for the next promotion to weigh them one by one
+    "by_machine": (lambda x: isinstance(x, dict) and len(x) >= 2 and all(_machine_median(k, v) for k, v in x.items()),
+                   "must map two or more machines to {\"value\": a number > 0, \"runs\": an integer >= 1}"),
 }
+
+
+def _machine_median(machine: Any, v: Any) -> bool:
+    """One `by_machine` item: a machine (or a "+"-joined group of them) to its median and run count."""
+    return (isinstance(machine, str) and bool(machine) and isinstance(v, dict) and set(v) == {"value", "runs"}
+            and _is_number(v["value"]) and v["value"] > 0
+            and isinstance(v["runs"], int) and not isinstance(v["runs"], bool) and v["runs"] >= 1)
 # A metric stored as not gating (gate "none") keeps the noise it measured, however wide: that is the
 # reason it does not gate, and it compares AMBIGUOUS whatever its band.
 _UNGATED_NOISE: Rule = (lambda x: _is_number(x) and x >= 0, "must be a number >= 0")

@@ -126,6 +126,17 @@ def _machine_list(machines: list[str] | None) -> str:
     return ", ".join(machines) if machines else "the entry's"
 
 
+def _machine_medians(old: dict | None, new: dict | None) -> str:
+    """A metric's `by_machine` change as the diff line shows it: the machines added, gone and moved, each
+    with its median ("+gpu-c 2732, gpu-a 2759 -> 2761"), not the two whole maps."""
+    old, new = old or {}, new or {}
+    parts = [f"+{g} {fmt_value(new[g]['value'])}" for g in sorted(set(new) - set(old))]
+    parts += [f"-{g} {fmt_value(old[g]['value'])}" for g in sorted(set(old) - set(new))]
+    parts += [f"{g} {fmt_value(old[g]['value'])} -> {fmt_value(new[g]['value'])} ({old[g]['runs']} -> {new[g]['runs']} runs)"
+              for g in sorted(set(old) & set(new)) if old[g] != new[g]]
+    return ", ".join(parts)
+
+
 def _describe(c: Change) -> str:
     """One change as the diff line shows it: 'graph_us 10 -> 11 us (+10.0%)', 'graph_us noise 1.0% -> 50.0%'."""
     if c.field == "value":
@@ -137,6 +148,8 @@ def _describe(c: Change) -> str:
         text = f"{c.metric} {c.field} {fmt_pct(100 * c.old)} -> {fmt_pct(100 * c.new)}"
     elif c.field == "machines" and c.metric:  # a metric's own recorders; none named: its entry's stand
         text = f"{c.metric} machines {_machine_list(c.old)} -> {_machine_list(c.new)}"
+    elif c.field == "by_machine" and c.metric:
+        text = f"{c.metric} machine medians {_machine_medians(c.old, c.new)}"
     elif c.field == "definition_hash":
         text = "case definition changed"
     elif c.field == "provenance":
