@@ -171,6 +171,19 @@ def test_a_combined_source_without_machine_medians_is_a_group_of_its_own_not_its
     assert set(e["metrics"]["t"]["by_machine"]) == {"gpu-a+gpu-b", "gpu-a"}
 
 
+def test_a_stored_group_of_four_machines_weighs_as_four_beside_a_fifth():
+    # the committed entries predate by_machine: their four machines are one group with one median, and a
+    # fifth machine 1.5% slower must not move the value halfway (session 25's H100 N: +0.8% that way)
+    four = combine_entries([entry(v, m) for m, v in (("gpu-a", 100.0), ("gpu-b", 100.2), ("gpu-c", 99.8),
+                                                     ("gpu-d", 100.1))], "k")
+    del four["metrics"]["t"]["by_machine"]
+    t = combine_entries([four] + [entry(101.5, "gpu-e")] * 2, "k", stored=[True, False, False])["metrics"]["t"]
+    assert t["value"] == pytest.approx(four["metrics"]["t"]["value"])
+    assert t["by_machine"]["gpu-a+gpu-b+gpu-c+gpu-d"]["value"] == pytest.approx(four["metrics"]["t"]["value"])
+    # ... and the spread between machines now holds the fifth
+    assert t["noise_machines"] == pytest.approx(half_range([four["metrics"]["t"]["value"], 101.5]), abs=1e-6)
+
+
 def test_a_combined_source_stores_each_machine_and_a_new_run_joins_its_own_machine():
     # the same, stored with by_machine: gpu-a's new run joins gpu-a's stored one (median 102), gpu-b stays
     both = combine_entries([entry(100.0, "gpu-a"), entry(100.0, "gpu-b")], "k")

@@ -16,7 +16,9 @@ next promotion weighs its machines one by one: without it, the committed entry o
 one median beside a new machine's, and one new machine moved the value halfway towards itself. A machine's
 stored median counts as that many runs of it when its new runs join it (the median of the repeated median
 and the new values: exact when the stored runs agreed). A source stored before `by_machine` existed is one
-group of its machines ("gpu-a+gpu-b", its `by_machine` key once combined) with its own spread carried.
+group of its machines ("gpu-a+gpu-b", its `by_machine` key once combined) with its own spread carried; in
+the value it stands for each of its machines at its one median, so a fifth machine beside a group of four
+is one of five there too.
 
 A source is a measured run (a results file) or stored (a baseline file or a proposal, whose entries may
 predate a metric). A metric is kept when every measured run among the sources has it, over the sources
@@ -96,10 +98,12 @@ def _metric(name: str, runs: Sequence[tuple[str, dict, int]], where: str) -> dic
         for machine, value, count in _machine_values(group, m, n_runs):
             by_machine[machine].extend([value] * max(count, 1))
     # the median of the machines' medians: a machine that ran three times weighs as one, so the entry
-    # sits between its machines rather than on the one that ran most (on one machine: the runs' median)
+    # sits between its machines rather than on the one that ran most (on one machine: the runs' median);
+    # a group stored as one median stands for each of its machines at that median
     medians = {g: statistics.median(v) for g, v in by_machine.items()}
     between_runs = max(half_range(v) for v in by_machine.values())
-    out = {"value": statistics.median(medians.values()), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
+    per_machine = [v for g, v in medians.items() for _ in g.split(GROUP_JOIN)]
+    out = {"value": statistics.median(per_machine), "unit": ms[0]["unit"], "direction": ms[0]["direction"],
            "noise": round(max([between_runs] + [float(m["noise"]) for m in ms]), 6), "n": sum(int(m["n"]) for m in ms),
            "rel_tol": own_rel_tol(ms)}
     # a source already combined over machines it does not list one by one carries their spread: a further
