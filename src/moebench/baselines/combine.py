@@ -11,7 +11,8 @@ the median of its machines' medians (on one machine, of its runs' values), and t
   their range over the median), which the gate uses on any other machine of the kind; a source combined
   before over several machines keeps its own spread, so adding a machine never narrows it.
 
-An entry over two or more machines also stores each machine's median and run count (`by_machine`), so the
+An entry's metric over two or more machines also stores each machine's median and run count (`by_machine`;
+not a hardware counter's, a count that machines agree on), so the
 next promotion weighs its machines one by one: without it, the committed entry of four machines stood as
 one median beside a new machine's, and one new machine moved the value halfway towards itself. A machine's
 stored median counts as that many runs of it when its new runs join it (the median of the repeated median
@@ -113,7 +114,9 @@ def _metric(name: str, runs: Sequence[tuple[str, dict, int]], where: str) -> dic
     if len(by_machine) > 1 or carried:
         between = half_range(list(medians.values()))
         out["noise_machines"] = round(max([between] + carried), 6)
-    if len(by_machine) > 1:
+    # hardware counters are counts (instructions identical between machines, bytes within 0.1%): their
+    # machines' medians would weigh nothing differently and triple a baseline file with counters
+    if len(by_machine) > 1 and not any(m.get("kind") == DEVICE_COUNTER for m in ms):
         out["by_machine"] = {g: {"value": medians[g], "runs": len(v)} for g, v in sorted(by_machine.items())}
     if any(m.get("gate") == "cliff" for m in ms):
         out["gate"] = "cliff"
