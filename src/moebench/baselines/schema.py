@@ -157,6 +157,8 @@ def _machine_median(machine: Any, v: Any) -> bool:
     return (isinstance(machine, str) and bool(machine) and isinstance(v, dict) and set(v) == {"value", "runs"}
             and _is_number(v["value"]) and v["value"] > 0
             and isinstance(v["runs"], int) and not isinstance(v["runs"], bool) and v["runs"] >= 1)
+
+
 # A metric stored as not gating (gate "none") keeps the noise it measured, however wide: that is the
 # reason it does not gate, and it compares AMBIGUOUS whatever its band.
 _UNGATED_NOISE: Rule = (lambda x: _is_number(x) and x >= 0, "must be a number >= 0")
