@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from moebench.outputs.baseline_lines import change_line, left_out_line, refusal_lines
 from moebench.baselines.combine import combine_entries, metrics_left_out
+from moebench.baselines.coverage import MIN_MACHINES, MIN_RUNS, Coverage, coverage, shortfall
 from moebench.baselines.compare import Verdict, display_rank
 from moebench.baselines.diff import Change, diff, loosening
 from moebench.baselines.revision import is_revision, load_revision
@@ -90,8 +91,18 @@ def _runs(entry: dict, metric: dict) -> str:
     return f"{runs}x{len(metric_machines(entry, metric))}" if runs is not None else "-"
 
 
+def _coverage_line(c: Coverage) -> str:
+    """The file's tally against the bar: "  180 of 206 metrics from 3+ runs on 2+ machines; 26 short: ..."."""
+    head = f"  {c.metrics - len(c.short)} of {c.metrics} metrics from {MIN_RUNS}+ runs on {MIN_MACHINES}+ machines"
+    if not c.short:
+        return head
+    parts = [f"{n} {why}" for why, n in c.counts().items() if n]
+    return f"{head}; {len(c.short)} short ({', '.join(parts)}: --short lists them)"
+
+
 def cmd_baselines_show(args: argparse.Namespace) -> int:
-    """A table of the entries of baseline files, each file introduced by its header."""
+    """A table of the entries of baseline files, each file introduced by its header; with args.short, only
+    the metrics short of the bar (moebench.baselines.coverage)."""
     keep = matcher(args.case)
     files = _baseline_files(Path(args.path))
     docs = [(f, load_file(f)) for f in files]
@@ -104,10 +115,13 @@ def cmd_baselines_show(args: argparse.Namespace) -> int:
               f"created {doc.get('created', '?')}, updated {doc.get('updated', '?')}")
         for line in _recorded_on(doc, keys):
             print(line)
+        print(_coverage_line(coverage(doc["entries"], keys)))
         rows = []
         for k in keys:
             e = doc["entries"][k]
             for name, m in sorted(e["metrics"].items()):
+                if args.short and shortfall(k, e, name) is None:
+                    continue
                 between = m.get("noise_machines")
                 machines = metric_machines(e, m)  # a metric measured on fewer than its entry: its own
                 rows.append([k, name, fmt_value(m["value"], m["unit"]), m["direction"],

@@ -276,6 +276,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = bsub.add_parser("show", formatter_class=fmt, help="a table of a baseline file or folder, with provenance")
     s.add_argument("path", metavar="PATH", help="a <family>.json, a <hardware-key>/ folder, or the baselines/ root")
     s.add_argument("--case", action="append", metavar="PATTERN", help="only these cases (glob; repeatable)")
+    s.add_argument("--short", action="store_true",
+                   help="only the metrics short of 3 independent runs on 2 machines (what the next lease should run)")
     s.set_defaults(func=cli_baselines.cmd_baselines_show)
     d = bsub.add_parser("diff", formatter_class=fmt, help="what changed between two baseline files or folders",
                         epilog="example (a reviewer's check of a pull request): "
