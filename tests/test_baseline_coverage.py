@@ -32,7 +32,15 @@ def test_each_metric_is_held_to_three_runs_on_two_machines():
     assert c.metrics == 6
     assert [(s.key, s.metric) for s in c.short] == [("b", "graph_us"), ("c", "graph_us"), ("d", "graph_us"),
                                                     ("e", "ncu")]
-    assert c.counts() == {"unsaid": 1, "one machine": 2, "few runs": 1}
+    assert c.counts() == {"unsaid": 1, "one machine": 2, "few runs": 1, "external": 0}
+
+
+def test_an_external_figure_is_short_for_its_own_reason_whatever_it_says_of_runs():
+    # the users' 97 ms/token: no run of ours can meet the bar for it, and it is not "unsaid"
+    external = _entry(3, 2)
+    external["provenance"] = {"kind": "external", "source": "users' 8x RTX PRO 6000", "date": "d"}
+    c = coverage({"x": external}, ["x"])
+    assert [s.reason for s in c.short] == ["external"] and c.counts()["external"] == 1
 
 
 def test_the_bar_is_inclusive_and_only_the_keys_asked_for_count():
