@@ -147,6 +147,24 @@ def test_down_experts_summary_from_fake_timings():
         rep.down_experts_line("kimi-k2.5", 16, worse))
 
 
+def test_launch_summary_from_fake_timings():
+    d = rep.launch_summary(dict(TIMES, launch=T(2.5, 0.004)))
+    assert d["launch_us"] == 2.5 and d["launch_noise"] == 0.004
+    assert d["up_over_launch_us"] == pytest.approx(TIMES["up"].us - 2.5)
+    assert d["down_over_launch_us"] == pytest.approx(TIMES["down"].us - 2.5)
+    assert d["both_over_two_us"] == pytest.approx(TIMES["both"].us - 5.0)
+    assert rep.launch_line("kimi-k2.5", 1, d).startswith("  one empty launch in the graph: 2.50 us; over it up alone ")
+
+
+def test_the_empty_launch_check_fails_a_call_that_did_not_store_its_mark():
+    bufs = [torch.zeros(1) for _ in range(3)]
+    good = Built([lambda b=b, r=r: b.fill_(r + 1) for r, b in enumerate(bufs)], out_buffers=bufs)
+    w4_split.check_launch(good, "cpu", "k")
+    stale = Built([lambda b=b: b for b in bufs], out_buffers=bufs)  # returns the buffer, stores nothing
+    with pytest.raises(AssertionError, match=r"k: rotation 0: the empty launch stored nan, not 1"):
+        w4_split.check_launch(stale, "cpu", "k")
+
+
 def test_a_one_launch_program_that_gave_up_its_wait_fails_the_case(monkeypatch):
     """Correct output is not enough: a wait that gave up means the grid was not resident, so the next launch
     may not be right either; check_fused names the rotation."""
@@ -347,7 +365,10 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     # the tiny shape's I / 32 = 1 group: no second lane set to split it over, said in the report and the log
     assert set(c["tiles"]["fused_refused"]) == {"fused_dks2", "fused_dks4"} and "no fused, down over 2 lane sets" in proc.stdout
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
-    for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing up alone", "timing down alone", "timing both",
+    assert set(c["launch"]) == {"launch_us", "launch_noise", "up_over_launch_us", "down_over_launch_us", "both_over_two_us"}
+    assert "one empty launch in the graph: " in proc.stdout
+    for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing one empty launch",
+                 "timing up alone", "timing down alone", "timing both",
                  "timing fused (one launch)", "timing fused, second down chunk after the wait"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only

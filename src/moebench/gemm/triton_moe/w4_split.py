@@ -16,6 +16,9 @@ those rotations, each by gemm.runner.measure (the benchmark's graph timer and L2
     up     up alone (gate and up GEMMs, SiLU * up) on rotation r's input
     down   down alone on rotation r's activations, kept from a real up run before anything is timed
 
+and, beside them, `launch`: one empty kernel a call (launch_build), the graph's floor for a launch, so the report
+can say what each launch's own work adds over it (w4_split_report.launch_summary).
+
 With --prefetch-down (issue 32's L2 prefetch of down's weights from the up launch, w4_prefetch.py; a bare flag
 means both modes), each mode adds two more, timed right after `both` in the same process: up alone and both
 with the prefetch on (`up_pf_<mode>`, `both_pf_<mode>`), and the report's `prefetch` holds what it saved
@@ -60,6 +63,7 @@ from pathlib import Path
 
 import torch
 import triton
+import triton.language as tl
 
 from moebench.core.files import atomic_write_text
 from moebench.core.provenance import git_commit
@@ -74,8 +78,9 @@ from moebench.gemm.triton_moe.config import GEMV_MAX_M
 from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
 from moebench.gemm.triton_moe.w4_prefetch import MODES as PREFETCH_MODES
 from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, down_experts_line, down_experts_summary,
-                                                      fused_line, fused_summary, kernel_bytes, prefetch_line,
-                                                      prefetch_summary, summarize, verdict)
+                                                      fused_line, fused_summary, kernel_bytes, launch_line,
+                                                      launch_summary, prefetch_line, prefetch_summary, summarize,
+                                                      verdict)
 from moebench.gemm.workload import Workload
 
 PROG = "w4_split"
@@ -84,7 +89,8 @@ MS = (1, 2, 4, 8, 16)
 TP = 8
 DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
-LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids", "up": "up alone",
+LABELS = {"launch": "one empty launch", "bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids",
+          "up": "up alone",
           "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
           "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
           "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
@@ -93,6 +99,37 @@ LABELS = {"bench": "bench (the backend's calls)", "bench_i32": "bench on int32 i
 # pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
 FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
 DOWN_EXPERTS = ("down_dx", "both_dx")  # --down-experts: that down alone, then after the pair-major up
+
+
+@triton.jit
+def _mark_kernel(out_ptr, value):
+    """The launch floor's kernel: one program stores `value` (the work a launch cannot do without)."""
+    tl.store(out_ptr, value)
+
+
+def launch_build(device: str, rotations: int) -> Built:
+    """One empty launch per call (rotation r stores r + 1 into its own one-element buffer, so the check can
+    tell that each call ran): the graph time of a launch that does no work, which up alone and down alone
+    each pay once and both twice."""
+    bufs = [torch.zeros(1, dtype=torch.float32, device=device) for _ in range(rotations)]
+    return Built([lambda b=b, r=r: _mark(b, r + 1) for r, b in enumerate(bufs)], out_buffers=bufs)
+
+
+def _mark(buf: torch.Tensor, value: int) -> torch.Tensor:
+    _mark_kernel[(1,)](buf, float(value))
+    return buf
+
+
+def check_launch(built: Built, device: str, key: str) -> None:
+    """Each empty launch must have stored its rotation's mark; AssertionError naming the rotation otherwise."""
+    for b in built.out_buffers:
+        b.fill_(float("nan"))
+    for r, call in enumerate(built.calls):
+        got = call()
+        if device != "cpu":
+            torch.cuda.synchronize()
+        if float(got[0]) != r + 1:
+            raise AssertionError(f"{key}: rotation {r}: the empty launch stored {float(got[0])}, not {r + 1}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -285,6 +322,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "bench_i32": runner.check(builds["bench_i32"], wl, key=f"{case.key} int32 ids")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
+    builds["launch"] = launch_build(device, wl.R)
+    check_launch(builds["launch"], device, f"{case.key} one empty launch")
     for name in FUSED_VARIANTS:
         if name in builds:
             entry["rel_error"][name] = check_fused(builds[name], wl, f"{case.key} {LABELS[name]}")
@@ -300,7 +339,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     times = {}
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
-    order = ["bench", "bench_i32", "up", "down", "both"] + [v for v in FUSED_VARIANTS if v in builds] \
+    order = ["bench", "bench_i32", "launch", "up", "down", "both"] + [v for v in FUSED_VARIANTS if v in builds] \
         + [v for v in DOWN_EXPERTS if v in builds] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
@@ -319,6 +358,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     log(case_line(case.model, case.m, entry, ceiling))
     log(f"  bench on int32 ids (no conversion kernel): {entry['bench_i32_us']:.2f} us "
         f"({100 * entry['bench_i32_vs_bench']:+.1f}% against bench)")
+    entry["launch"] = launch_summary(times)
+    log(launch_line(case.model, case.m, entry["launch"]))
     for name in FUSED_VARIANTS:
         if name in times:
             entry[name] = fused_summary(times, name)

@@ -5,6 +5,7 @@ measured times, no GPU and no torch, so every number in the report can be checke
     summarize(times, up_bytes, down_bytes, ceiling) -> dict    the report's numbers for one case
     verdict(M, down_share_us) -> str | None                    issue 32's rule for what to change (M = 1)
     case_line(model, M, summary, ceiling) -> str               one printed line per case
+    launch_summary(times) -> dict                              each launch over one empty launch's graph time
     prefetch_summary(times, mode) -> dict                      --prefetch-down: what the L2 prefetch did
     prefetch_line(model, M, mode, summary) -> str              its printed line
 
@@ -115,6 +116,28 @@ def case_line(model: str, M: int, s: dict, ceiling: float) -> str:
             f"down's share {s['down_share_us']:.2f}; at {ceiling / 1e9:.0f} GB/s up {s['up_bytes'] / 1e6:.2f} MB = "
             f"{s['up_floor_us']:.2f} us ({s['up_pct_of_floor']:.0f}% of its time), down {s['down_bytes'] / 1e6:.2f} MB "
             f"= {s['down_floor_us']:.2f} us ({s['down_pct_of_floor']:.0f}%)")
+
+
+def launch_summary(times: dict[str, Timed]) -> dict:
+    """Each launch's time over the graph's floor for one launch (`launch`: a graph of one empty kernel,
+    timed as the others are), from the timings `launch`, `up`, `down` and `both` of one process:
+
+    launch_us          one empty kernel's graph time: what no kernel change can take out of a launch
+    up_over_launch_us  up alone - launch: what up's own work adds (the part its code decides); down_ alike
+    both_over_two_us   both - 2 x launch: the call's work over two launches' floor (PDL may hide part of the
+                       second's, so this is an upper bound of what the two kernels' code decides)
+    """
+    launch = times["launch"].us
+    return {"launch_us": launch, "launch_noise": times["launch"].noise,
+            "up_over_launch_us": times["up"].us - launch, "down_over_launch_us": times["down"].us - launch,
+            "both_over_two_us": times["both"].us - 2 * launch}
+
+
+def launch_line(model: str, M: int, s: dict) -> str:
+    """One line of a case's launch floor, as printed while the run goes on."""
+    return (f"  one empty launch in the graph: {s['launch_us']:.2f} us; over it up alone {s['up_over_launch_us']:.2f}, "
+            f"down alone {s['down_over_launch_us']:.2f}; both over two launches {s['both_over_two_us']:.2f} "
+            f"({model} M={M})")
 
 
 def prefetch_summary(times: dict[str, Timed], mode: str) -> dict:
