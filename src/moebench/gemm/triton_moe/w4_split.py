@@ -90,8 +90,7 @@ TP = 8
 DTYPE = "int4-g32"
 PREFETCH_ALL = ",".join(m for m in PREFETCH_MODES if PREFETCH_MODES[m])  # what a bare --prefetch-down times
 LABELS = {"launch": "one empty launch", "bench": "bench (the backend's calls)", "bench_i32": "bench on int32 ids",
-          "up": "up alone",
-          "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
+          "up": "up alone", "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
           "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
           "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
           "both_dx": "up, then the expert-major down"}
