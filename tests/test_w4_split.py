@@ -153,7 +153,7 @@ def test_launch_summary_from_fake_timings():
     assert d["up_over_launch_us"] == pytest.approx(TIMES["up"].us - 2.5)
     assert d["down_over_launch_us"] == pytest.approx(TIMES["down"].us - 2.5)
     assert d["both_over_two_us"] == pytest.approx(TIMES["both"].us - 5.0)
-    assert rep.launch_line("kimi-k2.5", 1, d).startswith("  one empty launch in the graph: 2.50 us; over it up alone ")
+    assert rep.launch_line("kimi-k2.5", 1, d).startswith("  kimi-k2.5 M=1 one empty launch in the graph: 2.50 us; over it ")
 
 
 def test_the_empty_launch_check_fails_a_call_that_did_not_store_its_mark():
@@ -366,7 +366,7 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     assert set(c["tiles"]["fused_refused"]) == {"fused_dks2", "fused_dks4"} and "no fused, down over 2 lane sets" in proc.stdout
     assert c["bench"]["impl"] == "moebench.gemm.triton_moe.w4_mma" and c["bench"]["config"]["path"] == "w4_mma"
     assert set(c["launch"]) == {"launch_us", "launch_noise", "up_over_launch_us", "down_over_launch_us", "both_over_two_us"}
-    assert "one empty launch in the graph: " in proc.stdout
+    assert "tiny M=1 one empty launch in the graph: " in proc.stdout
     for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing one empty launch",
                  "timing up alone", "timing down alone", "timing both",
                  "timing fused (one launch)", "timing fused, second down chunk after the wait"):

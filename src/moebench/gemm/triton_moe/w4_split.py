@@ -225,15 +225,16 @@ class FusedBuilt(Built):
 
 def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
                  down_experts: bool = False) -> tuple[dict, dict[str, Built], list]:
-    """(tiles, {"both", "up", "down", "bench_i32"}, activations) over the workload's rotations, on the weights
-    and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The activations
-    are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the backend's
-    call with the routing ids converted to int32 beforehand (no conversion kernel in its graph). Each prefetch
-    mode adds "up_pf_<mode>" and "both_pf_<mode>": the same calls with the up launch prefetching down's weights
-    into L2. fused adds "fused", the one-launch kernel on the same calls (w4_fused.plan_fused each, so each
-    rotation has its own workspace and counters), with its variants (FUSED_VARIANTS); one plan_fused refuses is
-    left out, its reason in tiles["fused_refused"][name]. down_experts adds "both_dx" and "down_dx": the same
-    calls with the expert-major down launch and sum (w4_experts.down_launch) at its tiles (tiles["down_experts"])."""
+    """(tiles, {"both", "up", "down", "bench_i32", "launch"}, activations) over the workload's rotations, on the
+    weights and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The
+    activations are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the
+    backend's call with the routing ids converted to int32 beforehand (no conversion kernel in its graph);
+    "launch" one empty kernel a call (launch_build). Each prefetch mode adds "up_pf_<mode>" and "both_pf_<mode>":
+    the same calls with the up launch prefetching down's weights into L2. fused adds "fused", the one-launch
+    kernel on the same calls (w4_fused.plan_fused each, so each rotation has its own workspace and counters), with
+    its variants (FUSED_VARIANTS); one plan_fused refuses is left out, its reason in tiles["fused_refused"][name].
+    down_experts adds "both_dx" and "down_dx": the same calls with the expert-major down launch and sum
+    (w4_experts.down_launch) at its tiles (tiles["down_experts"])."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -249,6 +250,7 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
         "down": Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(calls, hs)]),
         "bench_i32": Built([lambda x=x, ids=ids, w=w: k.fused_moe(x, w1, w2, w, ids, config=(up, down))
                             for x, ids, w in zip(wl.x, ids32, wl.topk_weights)]),
+        "launch": launch_build(wl.device, wl.R),
     }
     for mode in prefetch:
         pf = [replace(c, prefetch_down=PREFETCH_MODES[mode]) for c in calls]
@@ -321,7 +323,6 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         "bench_i32": runner.check(builds["bench_i32"], wl, key=f"{case.key} int32 ids")["rel_error"],
     }
     check_up_alone(builds["up"], activations, wl, f"{case.key} up alone")
-    builds["launch"] = launch_build(device, wl.R)
     check_launch(builds["launch"], device, f"{case.key} one empty launch")
     for name in FUSED_VARIANTS:
         if name in builds:

@@ -135,9 +135,9 @@ def launch_summary(times: dict[str, Timed]) -> dict:
 
 def launch_line(model: str, M: int, s: dict) -> str:
     """One line of a case's launch floor, as printed while the run goes on."""
-    return (f"  one empty launch in the graph: {s['launch_us']:.2f} us; over it up alone {s['up_over_launch_us']:.2f}, "
-            f"down alone {s['down_over_launch_us']:.2f}; both over two launches {s['both_over_two_us']:.2f} "
-            f"({model} M={M})")
+    return (f"  {model} M={M} one empty launch in the graph: {s['launch_us']:.2f} us; over it up alone "
+            f"{s['up_over_launch_us']:.2f}, down alone {s['down_over_launch_us']:.2f}; both over two launches "
+            f"{s['both_over_two_us']:.2f}")
 
 
 def prefetch_summary(times: dict[str, Timed], mode: str) -> dict:
