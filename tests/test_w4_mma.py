@@ -132,3 +132,57 @@ def test_the_rows4_backend_is_a_decode_kernel_for_int4_g32_fused_only():
     assert not mma.supports(case(32)) and not mma.supports(case(1, "bf16")) and not mma.supports(case(1, op="gemm1"))
     assert mma.unavailable(case(32), "cuda", (9, 0)) == "triton_rows4 is a decode kernel for M <= 16, the case has M = 32"
     assert mma.unavailable(case(1), "cuda", (7, 5)).startswith("triton_rows4 with int4-g32 needs compute capability >= 8.0")
+
+
+# ---- version 9 (`lean`): the same sums in fewer instructions -------------------------------------------
+
+def _lean_pair(M, K, I, topk, up, down, seed=0):
+    """The call's output with and without version 9's K loop, on the same weights and routing."""
+    pb = int4_problem(M, K, I, topk, E, seed)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    outs = {}
+    for lean in (False, True):
+        c = w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, config=(KernelConfig(*up), KernelConfig(*down)), pdl=False,
+                             lean=lean)
+        outs[lean] = (w4_mma.down_launch(c, w4_mma.up_launch(c)), (c.up, c.down))
+    return outs, rel_error(outs[True][0], pb.reference())
+
+
+@pytest.mark.parametrize("M, K, I, topk, up, down, lean_k", [
+    (1, 256, 32, 2, (16, 64, 2), (16, 32, 1), (64, 32)),     # 8 groups, 2 lane sets x 2: 2 steps, unmasked
+    (2, 512, 64, 4, (16, 32, 2), (32, 64, 2), (32, 64)),     # 16 groups, 8 steps: the loop unrolled twice
+    (1, 192, 64, 2, (16, 64, 4), (16, 64, 2), (32, 32)),     # 6 groups over 4 lane sets, 2 over 2: halved
+    (3, 96, 32, 2, (32, 64, 2), (32, 32, 2), (32, 32)),      # 3 groups: block_k halved, 2 row tiles a program
+])
+def test_lean_gives_the_default_kernels_result_bit_for_bit(interp, M, K, I, topk, up, down, lean_k):
+    """Version 9 changes how the loads are addressed, masked and unrolled, not the sums or their order: the
+    lean call's output equals the default's exactly, at the tiles lean_config chose (block_k halved until the
+    steps cover K's groups)."""
+    outs, err = interp(_lean_pair, M, K, I, topk, up, down)
+    (lean_out, (lean_up, lean_down)), (out, _) = outs[True], outs[False]
+    assert (lean_up.block_k, lean_down.block_k) == lean_k
+    assert torch.equal(lean_out, out)
+    assert err < 1e-2
+
+
+def test_lean_config_makes_every_step_whole_and_unrolls_loops_of_two_trips_or_more():
+    kimi = 7168 // 32  # 224 groups
+    assert w4_mma.lean_config(KernelConfig(16, 128, 4), 7168) == KernelConfig(16, 128, 4)  # 4 x 4: 14 steps
+    assert w4_mma.lean_config(KernelConfig(16, 128, 16), 7168) == KernelConfig(16, 64, 16)  # 16 x 4 = 64 ∤ 224
+    assert w4_mma.lean_config(KernelConfig(32, 128, 4), 256) == KernelConfig(32, 128, 4)    # down: one step
+    assert w4_mma.lean_config(KernelConfig(16, 128, 4), 96) == KernelConfig(16, 32, 4)      # 3 groups, 4 lane sets
+    assert kimi % (16 * 2) == 0
+    assert w4_mma.lean_unroll(KernelConfig(16, 128, 4), 7168) == 2
+    assert w4_mma.lean_unroll(KernelConfig(32, 128, 4), 256) == 1  # no loop
+    assert w4_mma.lean_unroll(KernelConfig(16, 64, 2), 256) == 1   # 8 groups, steps of 4: one trip
+    assert w4_mma.lean_unroll(KernelConfig(16, 32, 2), 256) == 2   # steps of 2: three trips
+
+
+def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
+    """Version 9 drops the row-tile mask, so 10 tiles in programs of 4 must be refused, not read past N."""
+    pb = int4_problem(2, 160, 32, 2, E, 0)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    c = w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, config=(KernelConfig(16, 32, 4), KernelConfig(64, 32, 4)),
+                         pdl=False, lean=True)
+    with pytest.raises(ValueError, match="lean: 10 row tiles do not split into programs of 4"):
+        w4_mma.down_launch(c, torch.zeros(4, 32, dtype=torch.bfloat16))

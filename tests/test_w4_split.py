@@ -255,7 +255,8 @@ def test_the_run_writes_after_every_case_and_records_a_failed_one(tmp_path, monk
     out = tmp_path / "split.json"
     seen = []
 
-    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=(), fused=False, down_experts=False):
+    def fake_measure(case, device, ceiling, l2, rule, rotations, log, prefetch=(), fused=False, down_experts=False,
+                     lean=False):
         seen.append([c["M"] for c in json.loads(out.read_text())["cases"]])  # what a reader sees now
         log(f"{case.model} M={case.m}: timing")
         if case.m == 2:
@@ -346,17 +347,20 @@ def test_up_alone_and_down_alone_launch_what_the_backend_launches(monkeypatch):
 
 def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     """The whole command on CPU: the tiny case built by the backend and split, every check against the float32
-    reference passed, five wall times with --fused (the one launch as its two interpreter phases), and the
-    report's fields (the interpreter's times mean nothing)."""
+    reference passed, five wall times with --fused (the one launch as its two interpreter phases), version 9's
+    three with --lean, and the report's fields (the interpreter's times mean nothing)."""
     out = tmp_path / "smoke.json"
-    proc = subprocess.run([sys.executable, "-m", MODULE, "--smoke", "--fused", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--smoke", "--fused", "--lean", "--out", str(out)],
                           env=dict(os.environ, PYTHONPATH=str(SRC)), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads(out.read_text())
     assert doc["done"] is True and doc["device"] == "cpu (Triton interpreter)" and doc["rotations"] == 1
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
-    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused", "fused_late_b"} and max(c["rel_error"].values()) < 1e-2
+    assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused", "fused_late_b", "down_lean",
+                                   "both_lean"} and max(c["rel_error"].values()) < 1e-2
+    assert set(c["lean"]) == {"us", "noise", "saved_us", "up_saved_us", "down_saved_us", "significant"}
+    assert doc["lean"] is True and c["tiles"]["lean"]["up"]["block_k"] == 64  # 32 groups, steps of 8: whole
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
                 "down_floor_us", "verdict", "bench_i32_us", "bench_i32_vs_bench"):
         assert key in c, key
@@ -369,7 +373,8 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     assert "tiny M=1 one empty launch in the graph: " in proc.stdout
     for step in ("building", "checking", "timing bench", "timing bench on int32 ids", "timing one empty launch",
                  "timing up alone", "timing down alone", "timing both",
-                 "timing fused (one launch)", "timing fused, second down chunk after the wait"):
+                 "timing fused (one launch)", "timing fused, second down chunk after the wait",
+                 "timing up alone, version 9", "timing down alone, version 9", "timing both, version 9"):
         assert f"tiny M=1: {step}" in proc.stdout, step
     assert c["verdict"] is None and "M = 1 rule" not in proc.stdout  # the rule reads GPU graph times only
 
@@ -433,3 +438,48 @@ def test_the_prefetch_variants_launch_the_backends_launches_with_the_prefetch_al
         assert up_pf == up and extra == {"PREFETCH_DOWN": value, "w2_ptr": down["storage"][0],
                                          "s2_ptr": down["storage"][1]}, mode
     assert "PREFETCH_DOWN" not in up["kwargs"]  # the backend's launch leaves it at its default, off
+
+
+def test_the_lean_variants_launch_the_backends_launches_with_version_9s_loop_at_its_tiles(monkeypatch):
+    """--lean's launches are the backend's, but for LEAN = 1, UNROLL as w4_mma.lean_unroll says, and block_k as
+    w4_mma.lean_config says (here the tiny shape's 32 up groups over a table entry's 4 lane sets x 4 groups: two
+    steps, so no halving and no unrolling; down's 4 groups over 2 lane sets x 4 halve to steps of 2 x 2); down_lean
+    reads the kept activations."""
+    table = {"up": {"block_n": 16, "block_k": 128, "num_warps": 4},
+             "down": {"block_n": 32, "block_k": 128, "num_warps": 4}}
+    monkeypatch.setattr(w4_mma, "table_entry", lambda key: table if key.startswith("w4mma|1024|") else None)
+    case = GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "triton")
+    wl = Workload(GemmCase("tiny", 8, "fused", 2, "int4-g32", "decode", "-"), "cpu", 1)
+    bench = BACKENDS["triton"].build(case, wl)
+    rec = _Recorder()
+    monkeypatch.setattr(w4_mma, "moebench_w4_mma", rec)
+    tiles, builds, activations = w4_split.split_builds(wl, lean=True)
+    assert tiles["lean"]["up"]["block_k"] == 128 and tiles["lean"]["down"]["block_k"] == 64
+    rec.launches.clear()
+    bench.calls[0]()
+    up, down = rec.launches
+    rec.launches.clear()
+    builds["both_lean"].calls[0]()
+    builds["up_lean"].calls[0]()
+    rec.pointers.clear()
+    builds["down_lean"].calls[0]()
+    up_l, down_l, up_alone, down_alone = rec.launches
+    assert up_l == up_alone and down_l["kwargs"] == down_alone["kwargs"]
+    assert rec.pointers[0][0] == activations[0].data_ptr()
+    assert {k: up_l["kwargs"].pop(k) for k in ("LEAN", "UNROLL")} == {"LEAN": 1, "UNROLL": 1}
+    assert up_l == up  # the backend's up launch, version 9's switch alone added
+    extra = {k: down_l["kwargs"].pop(k) for k in ("LEAN", "UNROLL")}
+    assert extra == {"LEAN": 1, "UNROLL": 1} and down_l["kwargs"]["GPI"] == 2 and down["kwargs"]["GPI"] == 4
+    assert {k: v for k, v in down_l["kwargs"].items() if k != "GPI"} == \
+        {k: v for k, v in down["kwargs"].items() if k != "GPI"}
+    assert "LEAN" not in up["kwargs"] and "LEAN" not in down["kwargs"]  # the backend's launches leave it off
+
+
+def test_lean_summary_from_fake_timings():
+    times = dict(TIMES, up_lean=T(7.5, 0.002), down_lean=T(5.0, 0.003), both_lean=T(12.9, 0.002))
+    d = rep.lean_summary(times)
+    assert d["us"] == 12.9 and d["saved_us"] == pytest.approx(14.07 - 12.9) and d["significant"] is True
+    assert d["up_saved_us"] == pytest.approx(TIMES["up"].us - 7.5) and d["down_saved_us"] == pytest.approx(1.0)
+    assert rep.lean_line("kimi-k2.5", 16, d) == (
+        f"  kimi-k2.5 M=16 lean (version 9): 12.90 us, 1.17 us faster than both; up alone "
+        f"{TIMES['up'].us - 7.5:+.2f} us saved, down alone +1.00")

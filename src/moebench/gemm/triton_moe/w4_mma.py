@@ -7,7 +7,8 @@
                                                   Marlin: int32 [E, K/8, N], scales [E, K/32, N]
     fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=None) -> [M, K]
     plan_call(...) -> MmaCall; up_launch(call) -> h; down_launch(call, h) -> [M, K]
-                                                  its two launches one at a time (w4_split.py times them)
+                                                  its two launches one at a time (w4_split.py times them;
+                                                  plan_call(lean=True): version 9's K loop)
 
 The layout: words int32 [E, N/16, K/32, 32, 2]. Entry [e, T, grp, lane, t] belongs to lane (g, c) =
 (lane // 4, lane % 4) of row tile T (rows 16 T .. 16 T + 15) and group grp; its nibble j (bits 4j) holds
@@ -19,7 +20,7 @@ at load, done a few experts at a time to bound the temporary memory.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -145,11 +146,33 @@ def lane_sets(kc: KernelConfig) -> tuple[int, int, int]:
     return rt, kc.num_warps // rt, gpi
 
 
+def lean_config(kc: KernelConfig, K: int) -> KernelConfig:
+    """The tiles version 9 (`lean`) runs for kc over K: block_k halved until the lane sets' steps cover K's
+    groups exactly (every load then unmasked), down to one group a step; kc itself when it already does."""
+    rt, ks, gpi = lane_sets(kc)
+    groups = K // GROUP
+    while gpi > 1 and groups % (ks * gpi):
+        gpi //= 2
+    return kc if gpi == kc.block_k // GROUP else replace(kc, block_k=gpi * GROUP)
+
+
+def lean_unroll(kc: KernelConfig, K: int) -> int:
+    """How often version 9 unrolls its K loop at these tiles: twice once the loop has two trips or more (its
+    double buffers then swap without register copies), else once."""
+    rt, ks, gpi = lane_sets(kc)
+    return 2 if K // GROUP // (ks * gpi) >= 3 else 1
+
+
 def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
-            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None):
+            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None, lean=False):
     rt, ks, gpi = lane_sets(kc)
     av = a.contiguous().view(torch.int32)
     extra = {}
+    if lean:
+        # version 9 loads without the row-tile mask: every program's tiles must be real rows
+        if (N // TILE) % rt:
+            raise ValueError(f"lean: {N // TILE} row tiles do not split into programs of {rt}")
+        extra.update(LEAN=1, UNROLL=lean_unroll(kc, w.K))
     if prefetch_down:
         # the kernel addresses expert e's down slice as e x its size: the stacks must be contiguous
         if not (down_w.words.is_contiguous() and down_w.scales.is_contiguous()):
@@ -181,6 +204,7 @@ class MmaCall:
     down: KernelConfig
     pdl: bool
     prefetch_down: int = 0  # w4_prefetch.MODES: the up launch prefetches down's weights into L2 (0: off)
+    lean: bool = False  # version 9's K loop in both launches, at lean_config's tiles (plan_call sets them)
 
     @property
     def M(self) -> int:
@@ -193,11 +217,12 @@ class MmaCall:
 
 def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
               config: tuple[KernelConfig, KernelConfig] | None = None, pdl: bool | None = None,
-              prefetch_down: int = 0) -> MmaCall:
+              prefetch_down: int = 0, lean: bool = False) -> MmaCall:
     """Check the operands and resolve the tiles (default mma_config) and PDL (default: on Hopper or newer)
     of one call; ValueError for a shape or dtype the kernels do not take. prefetch_down: a
     w4_prefetch.MODES value, 0 (off) by default: the up launch prefetches the down launch's weights into L2
-    (issue 32's experiment, docs/triton-moe-notes.md)."""
+    (issue 32's experiment, docs/triton-moe-notes.md). lean: version 9's K loop (w4_mma_kernel._lean_k_loop)
+    in both launches, each at its lean_config tiles (off by default: issue 32's experiment)."""
     if prefetch_down not in PREFETCH_MODES.values():
         raise ValueError(f"prefetch_down must be one of {sorted(PREFETCH_MODES.values())} "
                          f"({', '.join(PREFETCH_MODES)}), got {prefetch_down!r}")
@@ -209,11 +234,13 @@ def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Ten
     if w1.K != K or w2.N != K or w2.K != I or w1.E != w2.E or I % TILE:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w1 [{w1.E}, {w1.N}, {w1.K}], w2 [{w2.E}, {w2.N}, {w2.K}]")
     up, down = config or mma_config(M, K, I, w1.E, topk)
+    if lean:
+        up, down = lean_config(up, K), lean_config(down, I)
     if pdl is None:
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0)
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    return MmaCall(x, w1, w2, ids, tw, topk, up, down, pdl, prefetch_down)
+    return MmaCall(x, w1, w2, ids, tw, topk, up, down, pdl, prefetch_down, lean)
 
 
 def up_launch(c: MmaCall) -> torch.Tensor:
@@ -222,7 +249,7 @@ def up_launch(c: MmaCall) -> torch.Tensor:
     c.prefetch_down its programs also prefetch the down weights of their experts into L2."""
     h = torch.empty((c.M * c.topk, c.I), dtype=c.x.dtype, device=c.x.device)
     _launch(c.x, c.w1, c.ids, c.tw, h, rows=c.M * c.topk, N=c.I, up_rows=c.I, slots=1, a_div=c.topk,
-            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2)
+            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2, lean=c.lean)
     return h
 
 
@@ -231,7 +258,7 @@ def down_launch(c: MmaCall, h: torch.Tensor) -> torch.Tensor:
     summed over the slots: out [M, K]. With PDL it streams its weights before waiting for h's writer."""
     out = torch.empty((c.M, c.w2.N), dtype=c.x.dtype, device=c.x.device)
     _launch(h, c.w2, c.ids, c.tw, out, rows=c.M, N=c.w2.N, up_rows=0, slots=c.topk, a_div=1, weighted=True,
-            kc=c.down, pdl_wait=c.pdl)
+            kc=c.down, pdl_wait=c.pdl, lean=c.lean)
     return out
 
 

@@ -130,6 +130,73 @@ def _load_x(a_ptr, arow, grp, mask, G: tl.constexpr, lane):
 
 
 @triton.jit
+def _lean_ws(wp, sp, g0, grp, mask, EVEN: tl.constexpr, G: tl.constexpr):
+    """Version 9's weight words [L, S, GPI, 2] and scale words [L, S, GPI] at the lane pointers wp, sp of step 0
+    moved on by g0 groups; no masks when the shape needs none (EVEN)."""
+    wq = (wp + g0 * 64)[:, :, :, None] + tl.arange(0, 2)[None, None, None, :]
+    if EVEN:
+        return tl.load(wq), tl.load(sp + g0 * 8)
+    m = mask & (grp + g0 < G)
+    return tl.load(wq, mask=m[:, :, :, None], other=0), tl.load(sp + g0 * 8, mask=m, other=0)
+
+
+@triton.jit
+def _lean_x(xp, g0, grp, mask, EVEN: tl.constexpr, G: tl.constexpr):
+    """Version 9's activation words [L, S, GPI, 4] at the lane pointers xp of step 0 moved on by g0 groups."""
+    xq = (xp + g0 * 16)[:, :, :, None] + tl.arange(0, 4)[None, None, None, :]
+    if EVEN:
+        return tl.load(xq)
+    m = mask & (grp + g0 < G)
+    return tl.load(xq, mask=m[:, :, :, None], other=0)
+
+
+@triton.jit
+def _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, up_off_w, up_off_s, grp, mask, lane,
+                 G: tl.constexpr, STEP: tl.constexpr, UP_ROWS: tl.constexpr, EVEN: tl.constexpr,
+                 UNROLL: tl.constexpr, PDL_WAIT: tl.constexpr, USE_ASM: tl.constexpr, L: tl.constexpr,
+                 SLOTS_P: tl.constexpr, GPI: tl.constexpr):
+    """Version 9 (`lean`, docs/triton-moe-notes.md) of the kernel's K loop, the same sums in fewer instructions:
+    loads without masks where the shape needs none, lane pointers made once and moved by immediates, and the
+    double-buffered loop unrolled UNROLL times so its buffers swap without register copies. Down (UP_ROWS = 0)
+    takes a 64-bit base a slot and 32-bit group offsets (its 8 slots' loads then share one address each)."""
+    if UP_ROWS > 0:
+        wp = w_ptr + (wrow + grp * 64 + lane * 2)
+        sp = s_ptr + (srow + grp * 8 + lane // 4)
+        xp = a_ptr + (arow + grp * 16 + (lane % 4) * 4)
+        wpu = wp + up_off_w
+        spu = sp + up_off_s
+    else:
+        wp = (w_ptr + wrow) + (grp * 64 + lane * 2)
+        sp = (s_ptr + srow) + (grp * 8 + lane // 4)
+        xp = (a_ptr + arow) + (grp * 16 + (lane % 4) * 4)
+        wpu, spu = wp, sp
+    w, s = _lean_ws(wp, sp, 0, grp, mask, EVEN, G)
+    if UP_ROWS > 0:
+        wu, su = _lean_ws(wpu, spu, 0, grp, mask, EVEN, G)
+    else:
+        wu, su = w, s
+    if PDL_WAIT:
+        tl.extra.cuda.gdc_wait()
+    x = _lean_x(xp, 0, grp, mask, EVEN, G)
+    z = tl.zeros([L, SLOTS_P, GPI], dtype=tl.float32)
+    c0, c2, u0, u2 = z, z, z, z
+    for g0 in tl.range(STEP, G, STEP, loop_unroll_factor=UNROLL):
+        w_n, s_n = _lean_ws(wp, sp, g0, grp, mask, EVEN, G)
+        if UP_ROWS > 0:
+            wu_n, su_n = _lean_ws(wpu, spu, g0, grp, mask, EVEN, G)
+        x_n = _lean_x(xp, g0, grp, mask, EVEN, G)
+        c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+        if UP_ROWS > 0:
+            u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
+            wu, su = wu_n, su_n
+        w, x, s = w_n, x_n, s_n
+    c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+    if UP_ROWS > 0:
+        u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
+    return c0, c2, u0, u2
+
+
+@triton.jit
 def _rows_out(c0, c2, S: tl.constexpr, KS: tl.constexpr, RT: tl.constexpr, USE_ASM: tl.constexpr):
     """Accumulators [L, S, GPI] (L = KS x RT x 32 lanes) -> rows g, g + 8 of each tile: two [RT, 8, S]."""
     y0 = tl.reshape(tl.sum(c0, axis=2), [KS, RT, 8, 4, S])
@@ -149,7 +216,8 @@ def moebench_w4_mma(
     K: tl.constexpr, UP_ROWS: tl.constexpr, SLOTS: tl.constexpr, SLOTS_P: tl.constexpr, A_DIV: tl.constexpr,
     WEIGHTED: tl.constexpr, RT: tl.constexpr, KS: tl.constexpr, GPI: tl.constexpr,
     PDL_WAIT: tl.constexpr, PDL_TRIGGER: tl.constexpr, USE_ASM: tl.constexpr,
-    w2_ptr=None, s2_ptr=None, PREFETCH_DOWN: tl.constexpr = 0,
+    w2_ptr=None, s2_ptr=None, PREFETCH_DOWN: tl.constexpr = 0, LEAN: tl.constexpr = 0,
+    UNROLL: tl.constexpr = 1,
 ):
     """out[r, n] = sum_{s < SLOTS} tw[p] * f(a[p // A_DIV] . w[ids[p], n]),  p = r * SLOTS + s: the
     contract of the other GEMV kernels (gemv.moe_gemv_kernel), for int4 g32 weights in the 16-row tile
@@ -164,6 +232,10 @@ def moebench_w4_mma(
     are issued, the program prefetches into L2 its share of its pair's expert's down words (w2_ptr) and
     scales (s2_ptr), the down launch's operands (w4_prefetch.py). Off, w2_ptr and s2_ptr are None and
     the kernel compiles to what it was. Skipped without USE_ASM (the interpreter: nothing to check).
+
+    LEAN (0 = off, the default; w4_mma.lean_plan): version 9's K loop (_lean_k_loop), the same sums in fewer
+    instructions. The launcher sets it only when every row tile is whole ((N / 16) % RT == 0); UNROLL (1 or
+    2) unrolls its loop. Off, the kernel compiles to what it was.
     """
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -196,35 +268,42 @@ def moebench_w4_mma(
     j = tl.arange(0, GPI)
     grp = j[None, None, :] + (ks * GPI)[:, None, None]
     STEP: tl.constexpr = KS * GPI
-    # weights never depend on the previous kernel: start streaming them before the PDL wait
-    w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
-    if UP_ROWS > 0:
-        wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
-    if PREFETCH_DOWN > 0:
-        tl.static_assert(UP_ROWS > 0 and SLOTS == 1, "PREFETCH_DOWN is the up launch's (one pair a program row)")
-        if USE_ASM:
-            # behind the program's own first loads, so its stream starts first
-            prefetch_down(w2_ptr, s2_ptr, tl.sum(e, axis=0), pid_n, K, UP_ROWS, RT, L, PREFETCH_DOWN)
-    if PDL_WAIT:
-        tl.extra.cuda.gdc_wait()
-    x = _load_x(a_ptr, arow, grp, mask, G, lane)
-
-    z = tl.zeros([L, SLOTS_P, GPI], dtype=tl.float32)
-    c0, c2, u0, u2 = z, z, z, z
-    # hand double-buffering: issue the next step's loads, then reduce this one
-    for g0 in range(STEP, G, STEP):
-        w_n, s_n = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
+    if LEAN:
+        # version 9: whole row tiles (the launcher's promise) and, with EVEN, every group of every lane set real
+        EVEN: tl.constexpr = (G % STEP == 0) and (SLOTS == SLOTS_P)
+        c0, c2, u0, u2 = _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, (UP_ROWS // 16) * stride_wt,
+                                      (UP_ROWS // 16) * stride_st, grp, mask, lane, G, STEP, UP_ROWS, EVEN, UNROLL,
+                                      PDL_WAIT, USE_ASM, L, SLOTS_P, GPI)
+    else:
+        # weights never depend on the previous kernel: start streaming them before the PDL wait
+        w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
         if UP_ROWS > 0:
-            wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
-        x_n = _load_x(a_ptr, arow, grp + g0, mask, G, lane)
+            wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
+        if PREFETCH_DOWN > 0:
+            tl.static_assert(UP_ROWS > 0 and SLOTS == 1, "PREFETCH_DOWN is the up launch's (one pair a program row)")
+            if USE_ASM:
+                # behind the program's own first loads, so its stream starts first
+                prefetch_down(w2_ptr, s2_ptr, tl.sum(e, axis=0), pid_n, K, UP_ROWS, RT, L, PREFETCH_DOWN)
+        if PDL_WAIT:
+            tl.extra.cuda.gdc_wait()
+        x = _load_x(a_ptr, arow, grp, mask, G, lane)
+
+        z = tl.zeros([L, SLOTS_P, GPI], dtype=tl.float32)
+        c0, c2, u0, u2 = z, z, z, z
+        # hand double-buffering: issue the next step's loads, then reduce this one
+        for g0 in range(STEP, G, STEP):
+            w_n, s_n = _load_ws(w_ptr, s_ptr, wrow, srow, grp + g0, mask, G, lane)
+            if UP_ROWS > 0:
+                wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
+            x_n = _load_x(a_ptr, arow, grp + g0, mask, G, lane)
+            c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+            if UP_ROWS > 0:
+                u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
+                wu, su = wu_n, su_n
+            w, x, s = w_n, x_n, s_n
         c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
         if UP_ROWS > 0:
             u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
-            wu, su = wu_n, su_n
-        w, x, s = w_n, x_n, s_n
-    c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
-    if UP_ROWS > 0:
-        u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
 
     y0, y2 = _rows_out(c0, c2, SLOTS_P, KS, RT, USE_ASM)  # [RT, 8, S]: rows g, g + 8
     if UP_ROWS > 0:

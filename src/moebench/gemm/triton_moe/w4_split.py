@@ -4,7 +4,7 @@ much its down launch's (issue 32; docs/triton-moe-notes.md, "The next device cal
     python -m moebench.gemm.triton_moe.w4_split --out split.json [--models kimi-k2.5,deepseek-v3]
                                                 [--ms 1,2,4,8,16] [--replays N]
                                                 [--prefetch-down [l2,evict_last]] [--fused]
-                                                [--down-experts]
+                                                [--down-experts] [--lean]
     python -m moebench.gemm.triton_moe.w4_split --smoke --out smoke.json   # CPU interpreter, tiny shapes
 
 A case is the gemm family's GemmCase(model, 8, "fused", M, "int4-g32", "decode", "triton") on its Workload
@@ -39,6 +39,12 @@ timed after `both`: `both_dx`, the same up launch followed by the expert-major k
 sum (w4_experts.down_launch, at its own tiles, experts_config), and `down_dx`, that down alone on the kept
 activations. Both are checked against the reference first. The report's `down_experts` holds them against both
 and against the pair-major down alone (w4_split_report.down_experts_summary).
+
+With --lean (issue 32's version 9: the same sums in fewer instructions, w4_mma.plan_call(lean=True)), three more
+are timed after `both`: `both_lean`, `up_lean` and `down_lean`, the two launches with version 9's K loop at its
+tiles (w4_mma.lean_config; tiles["lean"]). both_lean and down_lean are checked against the reference and
+up_lean must reproduce the kept activations bit for bit. The report's `lean` holds them against both, up and
+down (w4_split_report.lean_summary).
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -79,8 +85,8 @@ from moebench.gemm.triton_moe.sweep import SMOKE, reexec_interpreted, setup
 from moebench.gemm.triton_moe.w4_prefetch import MODES as PREFETCH_MODES
 from moebench.gemm.triton_moe.w4_split_report import (Timed, case_line, down_experts_line, down_experts_summary,
                                                       fused_line, fused_summary, kernel_bytes, launch_line,
-                                                      launch_summary, prefetch_line, prefetch_summary, summarize,
-                                                      verdict)
+                                                      launch_summary, lean_line, lean_summary, prefetch_line,
+                                                      prefetch_summary, summarize, verdict)
 from moebench.gemm.workload import Workload
 
 PROG = "w4_split"
@@ -93,11 +99,13 @@ LABELS = {"launch": "one empty launch", "bench": "bench (the backend's calls)", 
           "up": "up alone", "down": "down alone", "both": "both (up then down)", "fused": "fused (one launch)",
           "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
           "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
-          "both_dx": "up, then the expert-major down"}
+          "both_dx": "up, then the expert-major down", "up_lean": "up alone, version 9",
+          "down_lean": "down alone, version 9", "both_lean": "both, version 9"}
 # --fused's variants: w4_fused.plan_fused's (early_b, down_lane_sets): both of down's load chunks before the
 # pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
 FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
 DOWN_EXPERTS = ("down_dx", "both_dx")  # --down-experts: that down alone, then after the pair-major up
+LEAN = ("up_lean", "down_lean", "both_lean")  # --lean: version 9's launches alone, then both
 
 
 @triton.jit
@@ -201,6 +209,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, list[
                     help="also time the one-launch kernel (w4_fused.py) right after both (up then down)")
     ap.add_argument("--down-experts", action="store_true",
                     help="also time the up launch followed by the expert-major kernel's down (w4_experts.py)")
+    ap.add_argument("--lean", action="store_true",
+                    help="also time both launches with version 9's K loop (w4_mma.plan_call(lean=True))")
     args = ap.parse_args(argv)
     if args.replays is not None and args.replays < 1:
         ap.error(f"--replays must be >= 1, got {args.replays}")
@@ -223,8 +233,8 @@ class FusedBuilt(Built):
     fused_calls: list = field(default_factory=list)
 
 
-def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
-                 down_experts: bool = False) -> tuple[dict, dict[str, Built], list]:
+def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_experts: bool = False,
+                 lean: bool = False) -> tuple[dict, dict[str, Built], list]:
     """(tiles, {"both", "up", "down", "bench_i32", "launch"}, activations) over the workload's rotations, on the
     weights and tiles the `triton` backend's tensor-core kernel runs at (triton_backend.w4_operands). The
     activations are those of one real up run per rotation, made here: down alone reads them. "bench_i32" is the
@@ -234,7 +244,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
     kernel on the same calls (w4_fused.plan_fused each, so each rotation has its own workspace and counters), with
     its variants (FUSED_VARIANTS); one plan_fused refuses is left out, its reason in tiles["fused_refused"][name].
     down_experts adds "both_dx" and "down_dx": the same calls with the expert-major down launch and sum
-    (w4_experts.down_launch) at its tiles (tiles["down_experts"])."""
+    (w4_experts.down_launch) at its tiles (tiles["down_experts"]). lean adds "up_lean", "down_lean" and
+    "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"])."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -273,6 +284,13 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False,
         builds["both_dx"] = Built([lambda c=c: w4_experts.down_launch(c, w4_mma.up_launch(c)) for c in cdx])
         builds["down_dx"] = Built([lambda c=c, h=h: w4_experts.down_launch(c, h) for c, h in zip(cdx, hs)])
         tiles["down_experts"] = dx.__dict__
+    if lean:
+        lcs = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down), lean=True)
+               for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+        builds["up_lean"] = Built([lambda c=c: w4_mma.up_launch(c) for c in lcs])
+        builds["down_lean"] = Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(lcs, hs)])
+        builds["both_lean"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in lcs])
+        tiles["lean"] = {"up": lcs[0].up.__dict__, "down": lcs[0].down.__dict__}
     return tiles, builds, hs
 
 
@@ -301,7 +319,8 @@ def check_fused(fused: FusedBuilt, wl, key: str) -> float:
 
 
 def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, rule, rotations: int, log,
-                 prefetch: tuple[str, ...] = (), fused: bool = False, down_experts: bool = False) -> dict:
+                 prefetch: tuple[str, ...] = (), fused: bool = False, down_experts: bool = False,
+                 lean: bool = False) -> dict:
     """Check, then time, one case's four variants (and two per prefetch mode); the case's entry of the report.
     AssertionError when an output is wrong (nothing is timed then)."""
     entry = {"case": case.key, "model": case.model, "tp": case.tp, "M": case.m, "dtype": case.dtype}
@@ -309,7 +328,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     wl = Workload(GemmCase(case.model, case.tp, case.op, case.m, case.dtype, case.routing, "-"), device, rotations)
     backend = BACKENDS[case.backend]
     bench = backend.build(case, wl)
-    tiles, builds, activations = split_builds(wl, prefetch, fused, down_experts)
+    tiles, builds, activations = split_builds(wl, prefetch, fused, down_experts, lean)
     if bench.info["config"] != {"path": "w4_mma", "up": tiles["up"], "down": tiles["down"]}:
         raise RuntimeError(f"{case.key}: the backend runs {bench.info['config']}, not w4_mma at {tiles}: the split "
                            f"would time another kernel")
@@ -330,6 +349,10 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     for name in DOWN_EXPERTS:
         if name in builds:  # down_dx reads real activations, so its output is the call's too
             entry["rel_error"][name] = runner.check(builds[name], wl, key=f"{case.key} {LABELS[name]}")["rel_error"]
+    if lean:  # version 9 computes the same sums in the same order: up alone must match bit for bit too
+        for name in ("down_lean", "both_lean"):
+            entry["rel_error"][name] = runner.check(builds[name], wl, key=f"{case.key} {LABELS[name]}")["rel_error"]
+        check_up_alone(builds["up_lean"], activations, wl, f"{case.key} {LABELS['up_lean']}")
     for name, why in tiles.get("fused_refused", {}).items():
         log(f"{case.model} M={case.m}: no {LABELS[name]} timing: {why}")
     for mode in prefetch:
@@ -340,7 +363,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     # bench first and both after the other three: a drift of the device during the case shows as their
     # disagreement; each prefetch mode's pair right after both, the time it is compared with
     order = ["bench", "bench_i32", "launch", "up", "down", "both"] + [v for v in FUSED_VARIANTS if v in builds] \
-        + [v for v in DOWN_EXPERTS if v in builds] + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
+        + [v for v in DOWN_EXPERTS if v in builds] + [v for v in LEAN if v in builds] \
+        + [f"{v}_pf_{m}" for m in prefetch for v in ("up", "both")]
     for name in order:
         built = bench if name == "bench" else builds[name]
         log(f"{case.model} M={case.m}: timing {LABELS[name] if name in LABELS else _pf_label(name)}")
@@ -367,6 +391,9 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
     if down_experts:
         entry["down_experts"] = down_experts_summary(times)
         log(down_experts_line(case.model, case.m, entry["down_experts"]))
+    if lean:
+        entry["lean"] = lean_summary(times)
+        log(lean_line(case.model, case.m, entry["lean"]))
     if prefetch:
         entry["prefetch"] = {m: prefetch_summary(times, m) for m in prefetch}
         for m in prefetch:
@@ -418,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (Triton interpreter)",
            "torch": torch.__version__, "triton": triton.__version__, "read_ceiling_bytes_per_s": ceiling,
            "rotations": rotations, "prefetch_down": list(args.prefetch_down), "fused": args.fused,
-           "down_experts": args.down_experts,
+           "down_experts": args.down_experts, "lean": args.lean,
            "timer": "gemm.runner.measure, graph_us" if device == "cuda" else "wall_us",
            "done": False, "cases": []}
     log(f"{len(cases)} cases, read ceiling {ceiling / 1e9:.0f} GB/s, {rotations} rotations; writing {args.out}")
@@ -427,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         try:
             entry = measure_case(case, device, ceiling, l2, rule, rotations, log, prefetch=args.prefetch_down,
-                                 fused=args.fused, down_experts=args.down_experts)
+                                 fused=args.fused, down_experts=args.down_experts, lean=args.lean)
         except Exception as exc:  # one failing case is a finding; the others still run
             entry = {"case": case.key, "model": case.model, "M": case.m,
                      "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}

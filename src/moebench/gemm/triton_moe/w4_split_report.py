@@ -213,3 +213,26 @@ def down_experts_line(model: str, M: int, d: dict) -> str:
     return (f"  {model} M={M} pair-major up, expert-major down: {d['us']:.2f} us, "
             f"{_against_both(d['saved_us'], d['significant'])}; down alone {d['down_us']:.2f} us "
             f"(pair-major {d['pair_down_us']:.2f})")
+
+
+def lean_summary(times: dict[str, Timed]) -> dict:
+    """Version 9's K loop (w4_mma.plan_call(lean=True)) in both launches, against the default kernel's, one
+    process: `both_lean`, `up_lean` and `down_lean` (on the kept activations) against both, up and down.
+
+    us, noise       both_lean's graph time per call
+    saved_us        both - both_lean (> 0: version 9 wins)
+    up_saved_us     up - up_lean
+    down_saved_us   down - down_lean
+    significant     saved_us is outside the two timings' spread (agree_tol)
+    """
+    both, lean = times["both"], times["both_lean"]
+    saved = both.us - lean.us
+    return {"us": lean.us, "noise": lean.noise, "saved_us": saved, "up_saved_us": times["up"].us - times["up_lean"].us,
+            "down_saved_us": times["down"].us - times["down_lean"].us,
+            "significant": abs(saved) / both.us > agree_tol(both, lean)}
+
+
+def lean_line(model: str, M: int, d: dict) -> str:
+    """One line of version 9's result, as printed while the run goes on."""
+    return (f"  {model} M={M} lean (version 9): {d['us']:.2f} us, {_against_both(d['saved_us'], d['significant'])}; "
+            f"up alone {d['up_saved_us']:+.2f} us saved, down alone {d['down_saved_us']:+.2f}")
