@@ -130,6 +130,16 @@ def _load_x(a_ptr, arow, grp, mask, G: tl.constexpr, lane):
 
 
 @triton.jit
+def _mma_step(w, x, s, wu, su, c0, c2, u0, u2, UP_ROWS: tl.constexpr, USE_ASM: tl.constexpr):
+    """One step's groups into the accumulators: the weight stack's (c0, c2) and, for an up launch, the up
+    stack's (u0, u2) on the same activations."""
+    c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+    if UP_ROWS > 0:
+        u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
+    return c0, c2, u0, u2
+
+
+@triton.jit
 def _lean_ws(wp, sp, g0, grp, mask, EVEN: tl.constexpr, G: tl.constexpr):
     """Version 9's weight words [L, S, GPI, 2] and scale words [L, S, GPI] at the lane pointers wp, sp of step 0
     moved on by g0 groups; no masks when the shape needs none (EVEN)."""
@@ -185,15 +195,11 @@ def _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, up_off_w, up_off_s, grp,
         if UP_ROWS > 0:
             wu_n, su_n = _lean_ws(wpu, spu, g0, grp, mask, EVEN, G)
         x_n = _lean_x(xp, g0, grp, mask, EVEN, G)
-        c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+        c0, c2, u0, u2 = _mma_step(w, x, s, wu, su, c0, c2, u0, u2, UP_ROWS, USE_ASM)
         if UP_ROWS > 0:
-            u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
             wu, su = wu_n, su_n
         w, x, s = w_n, x_n, s_n
-    c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
-    if UP_ROWS > 0:
-        u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
-    return c0, c2, u0, u2
+    return _mma_step(w, x, s, wu, su, c0, c2, u0, u2, UP_ROWS, USE_ASM)
 
 
 @triton.jit
@@ -279,6 +285,8 @@ def moebench_w4_mma(
         w, s = _load_ws(w_ptr, s_ptr, wrow, srow, grp, mask, G, lane)
         if UP_ROWS > 0:
             wu, su = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp, mask, G, lane)
+        else:
+            wu, su = w, s  # unused: down has no up stack
         if PREFETCH_DOWN > 0:
             tl.static_assert(UP_ROWS > 0 and SLOTS == 1, "PREFETCH_DOWN is the up launch's (one pair a program row)")
             if USE_ASM:
@@ -296,14 +304,11 @@ def moebench_w4_mma(
             if UP_ROWS > 0:
                 wu_n, su_n = _load_ws(w_ptr, s_ptr, wrow_u, srow_u, grp + g0, mask, G, lane)
             x_n = _load_x(a_ptr, arow, grp + g0, mask, G, lane)
-            c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
+            c0, c2, u0, u2 = _mma_step(w, x, s, wu, su, c0, c2, u0, u2, UP_ROWS, USE_ASM)
             if UP_ROWS > 0:
-                u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
                 wu, su = wu_n, su_n
             w, x, s = w_n, x_n, s_n
-        c0, c2 = _group(w, x, s, c0, c2, USE_ASM)
-        if UP_ROWS > 0:
-            u0, u2 = _group(wu, x, su, u0, u2, USE_ASM)
+        c0, c2, u0, u2 = _mma_step(w, x, s, wu, su, c0, c2, u0, u2, UP_ROWS, USE_ASM)
 
     y0, y2 = _rows_out(c0, c2, SLOTS_P, KS, RT, USE_ASM)  # [RT, 8, S]: rows g, g + 8
     if UP_ROWS > 0:
