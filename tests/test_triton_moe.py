@@ -294,8 +294,8 @@ def test_one_nibble_packing_for_every_4bit_layout():
 
 
 @pytest.mark.parametrize("name", ["gemv_up_bf16", "gemv_down_bf16", "gemv_up_int4g32", "w4_up", "w4_down",
-                                  "w4mma_up", "w4mma_down", "w4mma_up_lean", "w4mma_up_lean_m1",
-                                  "w4mma_down_lean", "w4experts_up", "w4experts_down", "w4fused",
+                                  "w4mma_up", "w4mma_down", "w4mma9_up", "w4mma9_up_m1",
+                                  "w4mma9_down", "w4experts_up", "w4experts_down", "w4fused",
                                   "w4fused_late_b", "w4fused_dks2", "w4fused_dks4"])
 def test_compiles_for_sm90(name):
     """The decode kernels compile for the H200 (sm_90a, Triton's bundled ptxas, no GPU needed)
@@ -355,11 +355,11 @@ def test_lean_kernels_issue_fewer_instructions_for_the_same_mma():
         default, _ = _loop_per_mma("w4mma_up")
     except (FileNotFoundError, AttributeError) as exc:
         pytest.skip(f"no ptxas or cuobjdump: {exc}")
-    lean, _ = _loop_per_mma("w4mma_up_lean")
-    lean_m1, _ = _loop_per_mma("w4mma_up_lean_m1")
+    lean, _ = _loop_per_mma("w4mma9_up")
+    lean_m1, _ = _loop_per_mma("w4mma9_up_m1")
     assert lean <= 0.85 * default and lean_m1 <= 0.9 * default, (default, lean, lean_m1)
     _, down = _loop_per_mma("w4mma_down")
-    _, down_lean = _loop_per_mma("w4mma_down_lean")
+    _, down_lean = _loop_per_mma("w4mma9_down")
     assert down_lean <= 0.92 * down, (down, down_lean)
 
 

@@ -99,13 +99,13 @@ def specs() -> list[Spec]:
     # version 9 (LEAN, opt-in: w4_mma.plan_call(lean=True)) at lean_config's tiles of the same table: up at M = 4-16
     # (14 unmasked steps, the loop unrolled twice), up at M = 1 (block_k halved to 64: 7 steps over 16 lane sets)
     # and down (one unmasked step, a 64-bit base a slot)
-    out.append(Spec("w4mma_up_lean", w4_mma_kernel.moebench_w4_mma, w4, dict(
+    out.append(Spec("w4mma9_up", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, RT=1, KS=4, GPI=4,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True, LEAN=1, UNROLL=2)))
-    out.append(Spec("w4mma_up_lean_m1", w4_mma_kernel.moebench_w4_mma, w4, dict(
+    out.append(Spec("w4mma9_up_m1", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, RT=1, KS=16, GPI=2,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True, LEAN=1, UNROLL=2), num_warps=16))
-    out.append(Spec("w4mma_down_lean", w4_mma_kernel.moebench_w4_mma, w4, dict(
+    out.append(Spec("w4mma9_down", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, RT=2, KS=2, GPI=4,
         PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True, LEAN=1, UNROLL=1), opts=dict(launch_pdl=True)))
     # the expert-major int4 kernel (w4_experts_kernel.py) at its heuristic tiles (w4_experts.experts_config) and
