@@ -348,7 +348,7 @@ def test_lean_kernels_issue_fewer_instructions_for_the_same_mma():
     """Version 9's reason to exist (docs/triton-moe-notes.md): its K loop spends fewer instructions per mma than
     the default kernel's at the same work (unmasked loads, pointers moved by immediates, no register copies
     between the double buffers), and its down kernel fewer in all. Measured here: up 20.2 -> 15.8 per mma at
-    M = 4-16 tiles, 20.4 -> 16.8 at M = 1, down 1,739 -> 1,512 instructions."""
+    M = 4-16 tiles, 20.4 -> 16.8 at M = 1, down 1,739 -> 1,424 instructions."""
     if _interpreter_on():
         pytest.skip("this process builds kernels for the interpreter")
     try:
@@ -360,7 +360,7 @@ def test_lean_kernels_issue_fewer_instructions_for_the_same_mma():
     assert lean <= 0.85 * default and lean_m1 <= 0.9 * default, (default, lean, lean_m1)
     _, down = _loop_per_mma("w4mma_down")
     _, down_lean = _loop_per_mma("w4mma9_down")
-    assert down_lean <= 0.92 * down, (down, down_lean)
+    assert down_lean <= 0.85 * down, (down, down_lean)
 
 
 def test_sweep_smoke(tmp_path):

@@ -168,7 +168,8 @@ def _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, up_off_w, up_off_s, grp,
     """Version 9 (`lean`, docs/triton-moe-notes.md) of the kernel's K loop, the same sums in fewer instructions:
     loads without masks where the shape needs none, lane pointers made once and moved by immediates, and the
     double-buffered loop unrolled UNROLL times so its buffers swap without register copies. Down (UP_ROWS = 0)
-    takes a 64-bit base a slot and 32-bit group offsets (its 8 slots' loads then share one address each)."""
+    takes a 64-bit base a (lane, slot) and each of its groups as a load immediate (its 8 slots x GPI groups of
+    loads then need 8 addresses, not 32)."""
     if UP_ROWS > 0:
         wp = w_ptr + (wrow + grp * 64 + lane * 2)
         sp = s_ptr + (srow + grp * 8 + lane // 4)
@@ -176,9 +177,12 @@ def _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, up_off_w, up_off_s, grp,
         wpu = wp + up_off_w
         spu = sp + up_off_s
     else:
-        wp = (w_ptr + wrow) + (grp * 64 + lane * 2)
-        sp = (s_ptr + srow) + (grp * 8 + lane // 4)
-        xp = (a_ptr + arow) + (grp * 16 + (lane % 4) * 4)
+        # a 64-bit base a (lane, slot) first, then each group as a constant: the loads take it as an immediate
+        jj = tl.arange(0, GPI)[None, None, :]
+        first = grp - jj
+        wp = ((w_ptr + wrow) + (first * 64 + lane * 2)) + jj * 64
+        sp = ((s_ptr + srow) + (first * 8 + lane // 4)) + jj * 8
+        xp = ((a_ptr + arow) + (first * 16 + (lane % 4) * 4)) + jj * 16
         wpu, spu = wp, sp
     w, s = _lean_ws(wp, sp, 0, grp, mask, EVEN, G)
     if UP_ROWS > 0:
