@@ -104,7 +104,7 @@ def test_fused_moe_w4_mma_matches_the_float32_reference(interp, M, K, I, topk, u
 def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
     # mma is the default since a suite run measured it beside rows4 and Marlin (w4_kernels.py)
     assert w4_kernels.get().name == w4_kernels.DEFAULT == "mma"
-    with pytest.raises(ValueError, match="'nope': not one of mma, rows4"):
+    with pytest.raises(ValueError, match="'nope': not one of mma, mma_lean, rows4"):
         w4_kernels.get("nope")
 
 
@@ -186,3 +186,22 @@ def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
                          pdl=False, lean=True)
     with pytest.raises(ValueError, match="lean: 10 row tiles do not split into programs of 4"):
         w4_mma.down_launch(c, torch.zeros(4, 32, dtype=torch.bfloat16))
+
+
+def test_mma_lean_is_a_kernel_w4_tune_can_sweep_and_it_launches_version_9(monkeypatch):
+    """w4_kernels' `mma_lean` is fused_moe_w4_mma with LEAN on in both launches, at mma's table and tiles."""
+    from moebench.gemm.triton_moe import w4_tune
+
+    k = w4_kernels.get("mma_lean")
+    assert k.config is w4_mma.mma_config and k.table_prefix == "w4mma9"
+    assert w4_tune.UP_TILES["mma_lean"] == w4_tune.UP_TILES["mma"]
+    launches = []
+    monkeypatch.setattr(w4_mma, "moebench_w4_mma", type("Rec", (), {
+        "__getitem__": lambda self, grid: lambda *a, **kw: launches.append(kw)})())
+    pb = int4_problem(1, 256, 32, 2, E, 0)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    k.fused_moe(pb.x, w1, w2, pb.tw, pb.ids, pdl=False)
+    assert [kw.get("LEAN") for kw in launches] == [1, 1]
+    launches.clear()
+    w4_kernels.get("mma").fused_moe(pb.x, w1, w2, pb.tw, pb.ids, pdl=False)
+    assert [kw.get("LEAN") for kw in launches] == [None, None]

@@ -5,6 +5,8 @@
            (version 5 in docs/triton-moe-notes.md)
     rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the
            `triton_rows4` backend and the `moebench_w4` engine hook run it (version 4 in the notes)
+    mma_lean  w4_mma.py with version 9's K loop (LEAN: the same sums in fewer instructions; opt-in, issue 32's
+           experiment, not yet measured on a GPU): w4_tune sweeps its tiles as a kernel of its own
     mma_experts  w4_experts.py: mma's weights and decode, one program per expert and row tile with up to 8 of
            the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it at every M, and `triton`
            above M = 16, where tokens share experts (session 20's measurement: version 6 in the notes)
@@ -39,6 +41,8 @@ class W4Kernel:
 KERNELS = {
     "mma": W4Kernel("mma", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors, w4_mma.fused_moe_w4_mma,
                     w4_mma.mma_config, "w4mma"),
+    "mma_lean": W4Kernel("mma_lean", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
+                         w4_mma.fused_moe_w4_mma_lean, w4_mma.mma_config, "w4mma9"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
     "mma_experts": W4Kernel("mma_experts", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
                             w4_experts.fused_moe_w4_experts, w4_experts.experts_config, "w4mmax"),

@@ -264,11 +264,19 @@ def down_launch(c: MmaCall, h: torch.Tensor) -> torch.Tensor:
 
 def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
-                     pdl: bool | None = None) -> torch.Tensor:
+                     pdl: bool | None = None, lean: bool = False) -> torch.Tensor:
     """fused_moe (api.py) semantics for int4 experts in the 16-row tile layout: x [M, K] bf16,
     w1 [E, 2I, K], w2 [E, K, I]. Two launches (up + silu, then down + top-k sum), one (token, slot)
     pair per up program: for decode M. config: (up, down) KernelConfigs, default mma_config. pdl:
-    programmatic dependent launch of the down kernel (default: on Hopper or newer). CUDA-graph capturable.
+    programmatic dependent launch of the down kernel (default: on Hopper or newer). lean: version 9's K loop
+    (plan_call). CUDA-graph capturable.
     """
-    c = plan_call(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl)
+    c = plan_call(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean=lean)
     return down_launch(c, up_launch(c))
+
+
+def fused_moe_w4_mma_lean(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
+                          topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
+                          pdl: bool | None = None) -> torch.Tensor:
+    """fused_moe_w4_mma with version 9's K loop (w4_kernels' `mma_lean`, which w4_tune sweeps as a kernel)."""
+    return fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean=True)
