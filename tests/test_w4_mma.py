@@ -178,6 +178,14 @@ def test_lean_config_makes_every_step_whole_and_unrolls_loops_of_two_trips_or_mo
     assert w4_mma.lean_unroll(KernelConfig(16, 32, 2), 256) == 2   # steps of 2: three trips
 
 
+def test_lean_and_the_l2_prefetch_are_refused_together():
+    """Version 9's loop has no prefetch of down's weights: asking for both is an error, not a silent drop."""
+    pb = int4_problem(1, 64, 32, 2, E, 0)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    with pytest.raises(ValueError, match="lean .* and prefetch_down .* do not combine"):
+        w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, pdl=False, lean=True, prefetch_down=1)
+
+
 def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
     """Version 9 drops the row-tile mask, so 10 tiles in programs of 4 must be refused, not read past N."""
     pb = int4_problem(2, 160, 32, 2, E, 0)

@@ -223,6 +223,8 @@ def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Ten
     w4_prefetch.MODES value, 0 (off) by default: the up launch prefetches the down launch's weights into L2
     (issue 32's experiment, docs/triton-moe-notes.md). lean: version 9's K loop (w4_mma_kernel._lean_k_loop)
     in both launches, each at its lean_config tiles (off by default: issue 32's experiment)."""
+    if lean and prefetch_down:
+        raise ValueError("plan_call: lean (version 9) and prefetch_down (version 5's L2 prefetch) do not combine")
     if prefetch_down not in PREFETCH_MODES.values():
         raise ValueError(f"prefetch_down must be one of {sorted(PREFETCH_MODES.values())} "
                          f"({', '.join(PREFETCH_MODES)}), got {prefetch_down!r}")

@@ -243,7 +243,7 @@ def moebench_w4_mma(
     scales (s2_ptr), the down launch's operands (w4_prefetch.py). Off, w2_ptr and s2_ptr are None and
     the kernel compiles to what it was. Skipped without USE_ASM (the interpreter: nothing to check).
 
-    LEAN (0 = off, the default; w4_mma.lean_plan): version 9's K loop (_lean_k_loop), the same sums in fewer
+    LEAN (0 = off, the default; w4_mma.plan_call(lean=True)): version 9's K loop (_lean_k_loop), the same sums in fewer
     instructions. The launcher sets it only when every row tile is whole ((N / 16) % RT == 0); UNROLL (1 or
     2) unrolls its loop. Off, the kernel compiles to what it was.
     """
@@ -281,6 +281,7 @@ def moebench_w4_mma(
     if LEAN:
         # version 9: whole row tiles (the launcher's promise) and, with EVEN, every group of every lane set real
         EVEN: tl.constexpr = (G % STEP == 0) and (SLOTS == SLOTS_P)
+        tl.static_assert(PREFETCH_DOWN == 0, "LEAN has no L2 prefetch of down's weights (w4_prefetch.py)")
         c0, c2, u0, u2 = _lean_k_loop(a_ptr, w_ptr, s_ptr, wrow, srow, arow, (UP_ROWS // 16) * stride_wt,
                                       (UP_ROWS // 16) * stride_st, grp, mask, lane, G, STEP, UP_ROWS, EVEN, UNROLL,
                                       PDL_WAIT, USE_ASM, L, SLOTS_P, GPI)
