@@ -197,12 +197,18 @@ def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
 
 
 def test_mma_lean_is_a_kernel_w4_tune_can_sweep_and_it_launches_version_9(monkeypatch):
-    """w4_kernels' `mma_lean` is fused_moe_w4_mma with LEAN on in both launches, at mma's table and tiles."""
+    """w4_kernels' `mma_lean` is fused_moe_w4_mma with LEAN on in both launches, at its own table's tiles (the
+    `w4mma9` keys w4_tune writes for it), else mma's."""
     from moebench.gemm.triton_moe import w4_tune
 
     k = w4_kernels.get("mma_lean")
-    assert k.config is w4_mma.mma_config and k.table_prefix == "w4mma9"
+    assert k.config is w4_mma.lean_mma_config and k.table_prefix == "w4mma9"
     assert w4_tune.UP_TILES["mma_lean"] == w4_tune.UP_TILES["mma"]
+    assert k.config(1, 7168, 256, 384, 8) == w4_mma.mma_config(1, 7168, 256, 384, 8)  # no w4mma9 entry yet
+    own = {"up": {"block_n": 16, "block_k": 64, "num_warps": 16}, "down": {"block_n": 16, "block_k": 128, "num_warps": 2}}
+    monkeypatch.setattr(w4_mma, "table_entry", lambda key: own if key == "w4mma9|7168|256|384|8|1" else None)
+    assert k.config(1, 7168, 256, 384, 8) == (KernelConfig(16, 64, 16), KernelConfig(16, 128, 2))
+    monkeypatch.undo()
     launches = []
     monkeypatch.setattr(w4_mma, "moebench_w4_mma", type("Rec", (), {
         "__getitem__": lambda self, grid: lambda *a, **kw: launches.append(kw)})())

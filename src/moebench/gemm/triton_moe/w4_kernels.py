@@ -42,7 +42,7 @@ KERNELS = {
     "mma": W4Kernel("mma", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors, w4_mma.fused_moe_w4_mma,
                     w4_mma.mma_config, "w4mma"),
     "mma_lean": W4Kernel("mma_lean", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
-                         w4_mma.fused_moe_w4_mma_lean, w4_mma.mma_config, "w4mma9"),
+                         w4_mma.fused_moe_w4_mma_lean, w4_mma.lean_mma_config, "w4mma9"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
     "mma_experts": W4Kernel("mma_experts", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
                             w4_experts.fused_moe_w4_experts, w4_experts.experts_config, "w4mmax"),

@@ -134,6 +134,15 @@ def mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig,
             KernelConfig(block_n=16, block_k=64, num_warps=4))
 
 
+def lean_mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
+    """Version 9's (up, down) tiles: its own measured table (configs.json `w4mma9|K|I|E|topk|M-bucket`, written by
+    `w4_tune --kernel mma_lean`) first, else mma_config's; plan_call(lean=True) then applies lean_config."""
+    hit = table_entry(f"w4mma9|{K}|{I}|{E}|{topk}|{m_bucket(M)}")
+    if hit is not None:
+        return KernelConfig(**hit["up"]), KernelConfig(**hit["down"])
+    return mma_config(M, K, I, E, topk)
+
+
 def lane_sets(kc: KernelConfig) -> tuple[int, int, int]:
     """(RT, KS, GPI) of a 16-row int4 tile config: row tiles a program takes, lane sets (warps) K is split
     over, groups a lane set walks a step; ValueError for tiles the kernels cannot lay out."""
@@ -280,5 +289,8 @@ def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: to
 def fused_moe_w4_mma_lean(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
                           topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
                           pdl: bool | None = None) -> torch.Tensor:
-    """fused_moe_w4_mma with version 9's K loop (w4_kernels' `mma_lean`, which w4_tune sweeps as a kernel)."""
+    """fused_moe_w4_mma with version 9's K loop (w4_kernels' `mma_lean`, which w4_tune sweeps as a kernel), at
+    lean_mma_config's tiles by default."""
+    if config is None:
+        config = lean_mma_config(x.shape[0], x.shape[1], w1.N // 2, w1.E, topk_ids.shape[1])
     return fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean=True)
