@@ -358,7 +358,7 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
     assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused", "fused_late_b", "down_lean",
-                                   "both_lean"} and max(c["rel_error"].values()) < 1e-2
+                                   "both_lean", "up_lean_vs_up"} and max(c["rel_error"].values()) < 1e-2
     assert set(c["lean"]) == {"us", "noise", "saved_us", "up_saved_us", "down_saved_us", "significant"}
     assert doc["lean"] is True and c["tiles"]["lean"]["up"]["block_k"] == 64  # 32 groups, steps of 8: whole
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
@@ -483,3 +483,26 @@ def test_lean_summary_from_fake_timings():
     assert rep.lean_line("kimi-k2.5", 16, d) == (
         f"  kimi-k2.5 M=16 lean (version 9): 12.90 us, 1.17 us faster than both; up alone "
         f"{TIMES['up'].us - 7.5:+.2f} us saved, down alone +1.00")
+
+
+def test_lean_up_must_repeat_itself_exactly_and_stay_near_the_default_activations():
+    """check_lean_up: a version 9 up whose sums were only reordered passes (its relative difference returned); one
+    off by more than LEAN_UP_TOL, or that changes from one run to the next, fails naming the rotation."""
+    from types import SimpleNamespace
+
+    wl = SimpleNamespace(R=2, device="cpu")
+    g = torch.Generator().manual_seed(0)
+    kept = [torch.randn(8, 64, generator=g).to(torch.bfloat16) for _ in range(2)]
+    # a reordered float32 sum moves a few bf16 values by one unit in the last place: here every 100th
+    near = [k.clone() for k in kept]
+    for n in near:
+        n.view(torch.int16).view(-1)[::100] += 1
+    rel = w4_split.check_lean_up(Built([lambda t=t: t.clone() for t in near]), kept, wl, "case")
+    assert 0 < rel <= w4_split.LEAN_UP_TOL
+    assert w4_split.check_lean_up(Built([lambda t=t: t.clone() for t in kept]), kept, wl, "case") == 0.0
+    off = [kept[0].clone(), (kept[1].float() * 1.01).to(torch.bfloat16)]
+    with pytest.raises(AssertionError, match="case: rotation 1: differs from the default up's activations by"):
+        w4_split.check_lean_up(Built([lambda t=t: t.clone() for t in off]), kept, wl, "case")
+    runs = iter(range(100))
+    with pytest.raises(AssertionError, match="up alone differs from the kept activations"):
+        w4_split.check_lean_up(Built([lambda: kept[0] + next(runs), lambda: kept[1].clone()]), kept, wl, "case")
