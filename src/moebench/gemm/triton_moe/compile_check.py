@@ -98,7 +98,7 @@ def specs() -> list[Spec]:
         PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), opts=dict(launch_pdl=True)))
     # version 9 (LEAN, opt-in: w4_mma.plan_call(lean=True)) at lean_config's tiles of the same table: up at M = 4-16
     # (14 unmasked steps, the loop unrolled twice), up at M = 1 (block_k halved to 64: 7 steps over 16 lane sets)
-    # and down (one unmasked step, a 64-bit base a slot)
+    # and down (one unmasked step, a 64-bit base a lane and slot, its groups as load immediates)
     out.append(Spec("w4mma9_up", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=7168, UP_ROWS=256, SLOTS=1, SLOTS_P=1, A_DIV=8, WEIGHTED=False, RT=1, KS=4, GPI=4,
         PDL_WAIT=False, PDL_TRIGGER=True, USE_ASM=True, LEAN=1, UNROLL=2)))
