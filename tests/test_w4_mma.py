@@ -104,7 +104,7 @@ def test_fused_moe_w4_mma_matches_the_float32_reference(interp, M, K, I, topk, u
 def test_the_default_int4_kernel_is_known_and_unknown_names_are_refused():
     # mma is the default since a suite run measured it beside rows4 and Marlin (w4_kernels.py)
     assert w4_kernels.get().name == w4_kernels.DEFAULT == "mma"
-    with pytest.raises(ValueError, match="'nope': not one of mma, mma_lean, rows4"):
+    with pytest.raises(ValueError, match="'nope': not one of mma, mma_lean, mma_lean_down, rows4"):
         w4_kernels.get("nope")
 
 
@@ -146,9 +146,12 @@ def _lean_pair(M, K, I, topk, up, down, seed=0):
         c = w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, config=config, pdl=False, lean=lean)
         return w4_mma.down_launch(c, w4_mma.up_launch(c)), (c.up, c.down)
 
-    lean_out, tiles = run((KernelConfig(*up), KernelConfig(*down)), True)
-    return {"lean": (lean_out, tiles), "default_same_tiles": run(tiles, False)[0],
-            "default": run((KernelConfig(*up), KernelConfig(*down)), False)[0]}, rel_error(lean_out, pb.reference())
+    lean_out, tiles = run((KernelConfig(*up), KernelConfig(*down)), "both")
+    down_only, down_tiles = run((KernelConfig(*up), KernelConfig(*down)), "down")
+    return {"lean": (lean_out, tiles), "default_same_tiles": run(tiles, "")[0],
+            "default": run((KernelConfig(*up), KernelConfig(*down)), "")[0],
+            "down_only": (down_only, down_tiles), "default_down_tiles": run(down_tiles, "")[0]}, \
+        rel_error(lean_out, pb.reference())
 
 
 @pytest.mark.parametrize("M, K, I, topk, up, down, lean_k", [
@@ -162,7 +165,8 @@ def test_lean_gives_the_default_kernels_result_bit_for_bit_at_the_same_tiles(int
     """Version 9 changes how the loads are addressed, masked and unrolled, not the sums or their order: at the
     tiles lean_config chose (block_k halved until the steps cover K's groups) its output equals the default
     loop's exactly. Where it halved block_k, the groups fall to other lane sets: against the default at the tiles
-    asked for, only the reference's bound holds."""
+    asked for, only the reference's bound holds. lean="down" keeps the up tiles asked for and gives the default's
+    result at its own tiles too."""
     outs, err = interp(_lean_pair, M, K, I, topk, up, down)
     lean_out, (lean_up, lean_down) = outs["lean"]
     assert (lean_up.block_k, lean_down.block_k) == lean_k
@@ -170,6 +174,9 @@ def test_lean_gives_the_default_kernels_result_bit_for_bit_at_the_same_tiles(int
     assert err < 1e-2
     if lean_k == (up[1], down[1]):
         assert torch.equal(lean_out, outs["default"])
+    down_only, (d_up, d_down) = outs["down_only"]
+    assert (d_up.block_k, d_down.block_k) == (up[1], lean_k[1])
+    assert torch.equal(down_only, outs["default_down_tiles"])
 
 
 def test_lean_config_makes_every_step_whole_and_unrolls_loops_of_two_trips_or_more():
@@ -190,7 +197,17 @@ def test_lean_and_the_l2_prefetch_are_refused_together():
     pb = int4_problem(1, 64, 32, 2, E, 0)
     w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
     with pytest.raises(ValueError, match="lean .* and prefetch_down .* do not combine"):
-        w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, pdl=False, lean=True, prefetch_down=1)
+        w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, pdl=False, lean="both", prefetch_down=1)
+
+
+@pytest.mark.parametrize("lean", [True, "all", "Down"])
+def test_plan_call_names_the_lean_values_it_takes(lean):
+    """lean says which launches run version 9 (w4_mma.LEAN_LAUNCHES); anything else, the boolean it once was
+    included, is refused with the values it takes rather than read as on or off."""
+    pb = int4_problem(1, 64, 32, 2, E, 0)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    with pytest.raises(ValueError, match=f"lean must be one of '', 'up', 'down', 'both', got {lean!r}"):
+        w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, pdl=False, lean=lean)
 
 
 def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
@@ -198,7 +215,7 @@ def test_lean_refuses_row_tiles_that_do_not_fill_their_programs():
     pb = int4_problem(2, 160, 32, 2, E, 0)
     w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
     c = w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, config=(KernelConfig(16, 32, 4), KernelConfig(64, 32, 4)),
-                         pdl=False, lean=True)
+                         pdl=False, lean="both")
     with pytest.raises(ValueError, match="lean: 10 row tiles do not split into programs of 4"):
         w4_mma.down_launch(c, torch.zeros(4, 32, dtype=torch.bfloat16))
 
@@ -226,3 +243,19 @@ def test_mma_lean_is_a_kernel_w4_tune_can_sweep_and_it_launches_version_9(monkey
     launches.clear()
     w4_kernels.get("mma").fused_moe(pb.x, w1, w2, pb.tw, pb.ids, pdl=False)
     assert [kw.get("LEAN") for kw in launches] == [None, None]
+    launches.clear()
+    w4_kernels.get("mma_lean_down").fused_moe(pb.x, w1, w2, pb.tw, pb.ids, pdl=False)
+    assert [kw.get("LEAN") for kw in launches] == [None, 1]  # mma's up, version 9's down
+
+
+def test_mma_lean_down_reads_its_own_table_then_mmas(monkeypatch):
+    from moebench.gemm.triton_moe import w4_tune
+
+    k = w4_kernels.get("mma_lean_down")
+    assert k.config is w4_mma.lean_down_mma_config and k.table_prefix == "w4mma9d"
+    assert w4_tune.DOWN_TILES["mma_lean_down"] == w4_tune.DOWN_TILES["mma"]
+    assert k.config(16, 7168, 256, 384, 8) == w4_mma.mma_config(16, 7168, 256, 384, 8)
+    own = {"up": {"block_n": 16, "block_k": 128, "num_warps": 4}, "down": {"block_n": 16, "block_k": 128, "num_warps": 2}}
+    monkeypatch.setattr(w4_mma, "table_entry", lambda key: own if key == "w4mma9d|7168|256|384|8|16" else None)
+    assert k.config(16, 7168, 256, 384, 8) == (KernelConfig(16, 128, 4), KernelConfig(16, 128, 2))
+    assert k.config(1, 7168, 256, 384, 8) == w4_mma.mma_config(1, 7168, 256, 384, 8)  # not mma_lean's w4mma9

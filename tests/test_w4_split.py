@@ -358,9 +358,9 @@ def test_the_smoke_run_checks_and_times_the_split_in_the_interpreter(tmp_path):
     (c,) = doc["cases"]
     assert c["case"] == "gemm[tiny-tp32-fused-m1-int4-g32-decode-triton]" and "error" not in c
     assert set(c["rel_error"]) == {"bench", "both", "down", "bench_i32", "fused", "fused_late_b", "down_lean",
-                                   "both_lean"} and max(c["rel_error"].values()) < 1e-2
+                                   "both_lean", "both_lean_down"} and max(c["rel_error"].values()) < 1e-2
     assert 0 <= c["lean_up_vs_default"] <= w4_split.LEAN_UP_TOL
-    assert set(c["lean"]) == {"us", "noise", "saved_us", "up_saved_us", "down_saved_us", "significant"}
+    assert set(c["lean"]) == {"us", "noise", "saved_us", "up_saved_us", "down_saved_us", "significant", "down_only"}
     assert doc["lean"] is True and c["tiles"]["lean"]["up"]["block_k"] == 64  # 32 groups, steps of 8: whole
     for key in ("bench_us", "both_us", "up_us", "down_us", "overlap_us", "down_share_us", "up_floor_us",
                 "down_floor_us", "verdict", "bench_i32_us", "bench_i32_vs_bench"):
@@ -445,7 +445,7 @@ def test_the_lean_variants_launch_the_backends_launches_with_version_9s_loop_at_
     """--lean's launches are the backend's, but for LEAN = 1, UNROLL as w4_mma.lean_unroll says, and block_k as
     w4_mma.lean_config says (here the tiny shape's 32 up groups over a table entry's 4 lane sets x 4 groups: two
     steps, so no halving and no unrolling; down's 4 groups over 2 lane sets x 4 halve to steps of 2 x 2); down_lean
-    reads the kept activations."""
+    reads the kept activations; both_lean_down launches the backend's up unchanged, then version 9's down."""
     table = {"up": {"block_n": 16, "block_k": 128, "num_warps": 4},
              "down": {"block_n": 32, "block_k": 128, "num_warps": 4}}
     monkeypatch.setattr(w4_mma, "table_entry", lambda key: table if key.startswith("w4mma|1024|") else None)
@@ -474,16 +474,24 @@ def test_the_lean_variants_launch_the_backends_launches_with_version_9s_loop_at_
     assert {k: v for k, v in down_l["kwargs"].items() if k != "GPI"} == \
         {k: v for k, v in down["kwargs"].items() if k != "GPI"}
     assert "LEAN" not in up["kwargs"] and "LEAN" not in down["kwargs"]  # the backend's launches leave it off
+    rec.launches.clear()
+    builds["both_lean_down"].calls[0]()
+    up_d, down_d = rec.launches
+    assert up_d == up and down_d["kwargs"] == down_l["kwargs"] | {"LEAN": 1, "UNROLL": 1}
 
 
 def test_lean_summary_from_fake_timings():
-    times = dict(TIMES, up_lean=T(7.5, 0.002), down_lean=T(5.0, 0.003), both_lean=T(12.9, 0.002))
+    times = dict(TIMES, up_lean=T(10.5, 0.002), down_lean=T(5.0, 0.003), both_lean=T(13.9, 0.002),
+                 both_lean_down=T(14.08, 0.002))
     d = rep.lean_summary(times)
-    assert d["us"] == 12.9 and d["saved_us"] == pytest.approx(14.07 - 12.9) and d["significant"] is True
-    assert d["up_saved_us"] == pytest.approx(TIMES["up"].us - 7.5) and d["down_saved_us"] == pytest.approx(1.0)
+    assert d["us"] == 13.9 and d["saved_us"] == pytest.approx(14.07 - 13.9) and d["significant"] is True
+    assert d["up_saved_us"] == pytest.approx(9.6 - 10.5) and d["down_saved_us"] == pytest.approx(1.0)
+    assert d["down_only"]["us"] == 14.08 and d["down_only"]["saved_us"] == pytest.approx(-0.01)
+    assert d["down_only"]["significant"] is False  # 0.07% apart: inside the two timings' spread
     assert rep.lean_line("kimi-k2.5", 16, d) == (
-        f"  kimi-k2.5 M=16 lean (version 9): 12.90 us, 1.17 us faster than both; up alone "
-        f"{TIMES['up'].us - 7.5:+.2f} us saved, down alone +1.00")
+        "  kimi-k2.5 M=16 lean (version 9): 13.90 us, 0.17 us faster than both; up alone 0.90 us slower, down alone "
+        "1.00 us faster; the default up then version 9's down 14.08 us, 0.01 us slower than both (within the "
+        "timings' spread)")
 
 
 def test_lean_up_must_repeat_itself_exactly_and_stay_near_the_default_activations():

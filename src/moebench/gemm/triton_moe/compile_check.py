@@ -96,7 +96,7 @@ def specs() -> list[Spec]:
     out.append(Spec("w4mma_down", w4_mma_kernel.moebench_w4_mma, w4, dict(
         K=256, UP_ROWS=0, SLOTS=8, SLOTS_P=8, A_DIV=1, WEIGHTED=True, RT=2, KS=2, GPI=4,
         PDL_WAIT=True, PDL_TRIGGER=False, USE_ASM=True), opts=dict(launch_pdl=True)))
-    # version 9 (LEAN, opt-in: w4_mma.plan_call(lean=True)) at lean_config's tiles of the same table: up at M = 4-16
+    # version 9 (LEAN, opt-in: w4_mma.plan_call(lean="both")) at lean_config's tiles of the same table: up at M = 4-16
     # (14 unmasked steps, the loop unrolled twice), up at M = 1 (block_k halved to 64: 7 steps over 16 lane sets)
     # and down (one unmasked step, a 64-bit base a lane and slot, its groups as load immediates)
     out.append(Spec("w4mma9_up", w4_mma_kernel.moebench_w4_mma, w4, dict(

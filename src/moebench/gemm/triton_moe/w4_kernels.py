@@ -5,8 +5,11 @@
            (version 5 in docs/triton-moe-notes.md)
     rows4  w4.py: four rows per 16-byte load, decoded and multiplied on CUDA cores; the
            `triton_rows4` backend and the `moebench_w4` engine hook run it (version 4 in the notes)
-    mma_lean  w4_mma.py with version 9's K loop (LEAN: the same sums in fewer instructions; opt-in, issue 32's
-           experiment, not yet measured on a GPU): w4_tune sweeps its tiles as a kernel of its own
+    mma_lean  w4_mma.py with version 9's K loop in both launches (LEAN: the same sums in fewer instructions;
+           opt-in, issue 32's experiment): w4_tune sweeps its tiles as a kernel of its own. Session 27 (an
+           H100): its up slower at every M (160 registers at M = 4-16, halved block_k at M = 1), its down faster
+    mma_lean_down  mma's up with version 9's down (w4_mma.plan_call(lean="down"); opt-in, the candidate that
+           session 27's split points to), its own table `w4mma9d`
     mma_experts  w4_experts.py: mma's weights and decode, one program per expert and row tile with up to 8 of
            the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it at every M, and `triton`
            above M = 16, where tokens share experts (session 20's measurement: version 6 in the notes)
@@ -43,6 +46,8 @@ KERNELS = {
                     w4_mma.mma_config, "w4mma"),
     "mma_lean": W4Kernel("mma_lean", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
                          w4_mma.fused_moe_w4_mma_lean, w4_mma.lean_mma_config, "w4mma9"),
+    "mma_lean_down": W4Kernel("mma_lean_down", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
+                              w4_mma.fused_moe_w4_mma_lean_down, w4_mma.lean_down_mma_config, "w4mma9d"),
     "rows4": W4Kernel("rows4", w4.pack_rows4, w4.from_compressed_tensors, w4.fused_moe_w4, w4.w4_config, "w4"),
     "mma_experts": W4Kernel("mma_experts", w4_mma.pack_tiles16, w4_mma.tiles16_from_compressed_tensors,
                             w4_experts.fused_moe_w4_experts, w4_experts.experts_config, "w4mmax"),

@@ -8,7 +8,7 @@
     fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=None) -> [M, K]
     plan_call(...) -> MmaCall; up_launch(call) -> h; down_launch(call, h) -> [M, K]
                                                   its two launches one at a time (w4_split.py times them;
-                                                  plan_call(lean=True): version 9's K loop)
+                                                  plan_call(lean="down" or "both"): version 9)
 
 The layout: words int32 [E, N/16, K/32, 32, 2]. Entry [e, T, grp, lane, t] belongs to lane (g, c) =
 (lane // 4, lane % 4) of row tile T (rows 16 T .. 16 T + 15) and group grp; its nibble j (bits 4j) holds
@@ -134,13 +134,23 @@ def mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig,
             KernelConfig(block_n=16, block_k=64, num_warps=4))
 
 
-def lean_mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
-    """Version 9's (up, down) tiles: its own measured table (configs.json `w4mma9|K|I|E|topk|M-bucket`, written by
-    `w4_tune --kernel mma_lean`) first, else mma_config's; plan_call(lean=True) then applies lean_config."""
-    hit = table_entry(f"w4mma9|{K}|{I}|{E}|{topk}|{m_bucket(M)}")
+def _own_table_or_mma(prefix: str, M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
+    hit = table_entry(f"{prefix}|{K}|{I}|{E}|{topk}|{m_bucket(M)}")
     if hit is not None:
         return KernelConfig(**hit["up"]), KernelConfig(**hit["down"])
     return mma_config(M, K, I, E, topk)
+
+
+def lean_mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
+    """Version 9's (up, down) tiles: its own measured table (configs.json `w4mma9|K|I|E|topk|M-bucket`, written by
+    `w4_tune --kernel mma_lean`) first, else mma_config's; plan_call(lean="both") then applies lean_config."""
+    return _own_table_or_mma("w4mma9", M, K, I, E, topk)
+
+
+def lean_down_mma_config(M: int, K: int, I: int, E: int, topk: int) -> tuple[KernelConfig, KernelConfig]:
+    """The tiles of the default up with version 9's down: their own table (configs.json `w4mma9d|...`, written by
+    `w4_tune --kernel mma_lean_down`) first, else mma_config's; plan_call(lean="down") applies lean_config to down."""
+    return _own_table_or_mma("w4mma9d", M, K, I, E, topk)
 
 
 def lane_sets(kc: KernelConfig) -> tuple[int, int, int]:
@@ -197,6 +207,11 @@ def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weig
         num_warps=kc.num_warps, num_stages=1, launch_pdl=pdl_wait)
 
 
+# plan_call's lean: which launches run version 9's K loop (w4_mma_kernel._lean_k_loop). Session 27 measured
+# them apart (docs/triton-moe-notes.md, version 9): down's saves time at every M, up's loses it
+LEAN_LAUNCHES = {"": (), "up": ("up",), "down": ("down",), "both": ("up", "down")}
+
+
 @dataclass(frozen=True)
 class MmaCall:
     """One fused MoE call resolved for its two launches: the operands as the kernels take them and the
@@ -213,7 +228,15 @@ class MmaCall:
     down: KernelConfig
     pdl: bool
     prefetch_down: int = 0  # w4_prefetch.MODES: the up launch prefetches down's weights into L2 (0: off)
-    lean: bool = False  # version 9's K loop in both launches, at lean_config's tiles (plan_call sets them)
+    lean: str = ""  # LEAN_LAUNCHES: the launches with version 9's K loop, at lean_config's tiles (plan_call's)
+
+    @property
+    def lean_up(self) -> bool:
+        return "up" in LEAN_LAUNCHES[self.lean]
+
+    @property
+    def lean_down(self) -> bool:
+        return "down" in LEAN_LAUNCHES[self.lean]
 
     @property
     def M(self) -> int:
@@ -226,12 +249,15 @@ class MmaCall:
 
 def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor, topk_ids: torch.Tensor, *,
               config: tuple[KernelConfig, KernelConfig] | None = None, pdl: bool | None = None,
-              prefetch_down: int = 0, lean: bool = False) -> MmaCall:
+              prefetch_down: int = 0, lean: str = "") -> MmaCall:
     """Check the operands and resolve the tiles (default mma_config) and PDL (default: on Hopper or newer)
     of one call; ValueError for a shape or dtype the kernels do not take. prefetch_down: a
     w4_prefetch.MODES value, 0 (off) by default: the up launch prefetches the down launch's weights into L2
-    (issue 32's experiment, docs/triton-moe-notes.md). lean: version 9's K loop (w4_mma_kernel._lean_k_loop)
-    in both launches, each at its lean_config tiles (off by default: issue 32's experiment)."""
+    (issue 32's experiment, docs/triton-moe-notes.md). lean: the launches with version 9's K loop
+    (w4_mma_kernel._lean_k_loop), a LEAN_LAUNCHES key ("" off, the default; "up", "down" or "both"), each at
+    its lean_config tiles (issue 32's experiment)."""
+    if lean not in LEAN_LAUNCHES:
+        raise ValueError(f"lean must be one of {', '.join(map(repr, LEAN_LAUNCHES))}, got {lean!r}")
     if lean and prefetch_down:
         raise ValueError("plan_call: lean (version 9) and prefetch_down (version 5's L2 prefetch) do not combine")
     if prefetch_down not in PREFETCH_MODES.values():
@@ -245,8 +271,10 @@ def plan_call(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Ten
     if w1.K != K or w2.N != K or w2.K != I or w1.E != w2.E or I % TILE:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w1 [{w1.E}, {w1.N}, {w1.K}], w2 [{w2.E}, {w2.N}, {w2.K}]")
     up, down = config or mma_config(M, K, I, w1.E, topk)
-    if lean:
-        up, down = lean_config(up, K), lean_config(down, I)
+    if "up" in LEAN_LAUNCHES[lean]:
+        up = lean_config(up, K)
+    if "down" in LEAN_LAUNCHES[lean]:
+        down = lean_config(down, I)
     if pdl is None:
         pdl = x.device.type == "cuda" and torch.cuda.get_device_capability(x.device) >= (9, 0)
     ids = topk_ids.reshape(-1).to(torch.int32).contiguous()
@@ -260,7 +288,7 @@ def up_launch(c: MmaCall) -> torch.Tensor:
     c.prefetch_down its programs also prefetch the down weights of their experts into L2."""
     h = torch.empty((c.M * c.topk, c.I), dtype=c.x.dtype, device=c.x.device)
     _launch(c.x, c.w1, c.ids, c.tw, h, rows=c.M * c.topk, N=c.I, up_rows=c.I, slots=1, a_div=c.topk,
-            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2, lean=c.lean)
+            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2, lean=c.lean_up)
     return h
 
 
@@ -269,18 +297,18 @@ def down_launch(c: MmaCall, h: torch.Tensor) -> torch.Tensor:
     summed over the slots: out [M, K]. With PDL it streams its weights before waiting for h's writer."""
     out = torch.empty((c.M, c.w2.N), dtype=c.x.dtype, device=c.x.device)
     _launch(h, c.w2, c.ids, c.tw, out, rows=c.M, N=c.w2.N, up_rows=0, slots=c.topk, a_div=1, weighted=True,
-            kc=c.down, pdl_wait=c.pdl, lean=c.lean)
+            kc=c.down, pdl_wait=c.pdl, lean=c.lean_down)
     return out
 
 
 def fused_moe_w4_mma(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
-                     pdl: bool | None = None, lean: bool = False) -> torch.Tensor:
+                     pdl: bool | None = None, lean: str = "") -> torch.Tensor:
     """fused_moe (api.py) semantics for int4 experts in the 16-row tile layout: x [M, K] bf16,
     w1 [E, 2I, K], w2 [E, K, I]. Two launches (up + silu, then down + top-k sum), one (token, slot)
     pair per up program: for decode M. config: (up, down) KernelConfigs, default mma_config. pdl:
-    programmatic dependent launch of the down kernel (default: on Hopper or newer). lean: version 9's K loop
-    (plan_call). CUDA-graph capturable.
+    programmatic dependent launch of the down kernel (default: on Hopper or newer). lean: the launches with
+    version 9's K loop (plan_call; "" off). CUDA-graph capturable.
     """
     c = plan_call(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean=lean)
     return down_launch(c, up_launch(c))
@@ -293,4 +321,15 @@ def fused_moe_w4_mma_lean(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weight
     lean_mma_config's tiles by default."""
     if config is None:
         config = lean_mma_config(x.shape[0], x.shape[1], w1.N // 2, w1.E, topk_ids.shape[1])
-    return fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean=True)
+    return fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean="both")
+
+
+def fused_moe_w4_mma_lean_down(x: torch.Tensor, w1: W4Tiles, w2: W4Tiles, topk_weights: torch.Tensor,
+                               topk_ids: torch.Tensor, *, config: tuple[KernelConfig, KernelConfig] | None = None,
+                               pdl: bool | None = None) -> torch.Tensor:
+    """fused_moe_w4_mma with version 9's K loop in the down launch only (w4_kernels' `mma_lean_down`), at
+    lean_down_mma_config's tiles by default: session 27 measured version 9's down faster at every M and its up
+    slower (docs/triton-moe-notes.md)."""
+    if config is None:
+        config = lean_down_mma_config(x.shape[0], x.shape[1], w1.N // 2, w1.E, topk_ids.shape[1])
+    return fused_moe_w4_mma(x, w1, w2, topk_weights, topk_ids, config=config, pdl=pdl, lean="down")

@@ -243,9 +243,9 @@ def moebench_w4_mma(
     scales (s2_ptr), the down launch's operands (w4_prefetch.py). Off, w2_ptr and s2_ptr are None and
     the kernel compiles to what it was. Skipped without USE_ASM (the interpreter: nothing to check).
 
-    LEAN (0 = off, the default; w4_mma.plan_call(lean=True)): version 9's K loop (_lean_k_loop), the same sums in fewer
-    instructions. The launcher sets it only when every row tile is whole ((N / 16) % RT == 0); UNROLL (1 or
-    2) unrolls its loop. Off, the kernel compiles to what it was.
+    LEAN (0 = off, the default; w4_mma.plan_call(lean=...), per launch): version 9's K loop (_lean_k_loop), the
+    same sums in fewer instructions. The launcher sets it only when every row tile is whole ((N / 16) % RT ==
+    0); UNROLL (1 or 2) unrolls its loop. Off, the kernel compiles to what it was.
     """
     pid_r = tl.program_id(0)
     pid_n = tl.program_id(1)

@@ -40,12 +40,14 @@ sum (w4_experts.down_launch, at its own tiles, experts_config), and `down_dx`, t
 activations. Both are checked against the reference first. The report's `down_experts` holds them against both
 and against the pair-major down alone (w4_split_report.down_experts_summary).
 
-With --lean (issue 32's version 9: the same sums in fewer instructions, w4_mma.plan_call(lean=True)), three more
-are timed after `both`: `both_lean`, `up_lean` and `down_lean`, the two launches with version 9's K loop at its
-tiles (w4_mma.lean_config; tiles["lean"]). both_lean and down_lean are checked against the reference; up_lean
-must repeat itself bit for bit and stay within 1e-3 of the kept activations (check_lean_up: where lean_config
-halves block_k, K's groups fall to other lane sets and the float32 sums add in another order; the report's
-`lean_up_vs_default`). The report's `lean` holds them against both, up and down (w4_split_report.lean_summary).
+With --lean (issue 32's version 9: the same sums in fewer instructions, w4_mma.plan_call(lean=...)), four more
+are timed after `both`: `up_lean`, `down_lean` and `both_lean`, the two launches with version 9's K loop at its
+tiles (w4_mma.lean_config; tiles["lean"]), and `both_lean_down`, the default up then version 9's down (the
+candidate session 27's first run pointed to: lean="down"). Those with a down are checked against the reference;
+up_lean must repeat itself bit for bit and stay within 1e-3 of the kept activations (check_lean_up: where
+lean_config halves block_k, K's groups fall to other lane sets and the float32 sums add in another order; the
+report's `lean_up_vs_default`). The report's `lean` holds them against both, up and down
+(w4_split_report.lean_summary).
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
 alone too (it reads real activations, so its output is the call's), and up alone must reproduce the kept
@@ -101,12 +103,14 @@ LABELS = {"launch": "one empty launch", "bench": "bench (the backend's calls)", 
           "fused_late_b": "fused, second down chunk after the wait", "fused_dks2": "fused, down over 2 lane sets",
           "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
           "both_dx": "up, then the expert-major down", "up_lean": "up alone, version 9",
-          "down_lean": "down alone, version 9", "both_lean": "both, version 9"}
+          "down_lean": "down alone, version 9", "both_lean": "both, version 9",
+          "both_lean_down": "up, then version 9's down"}
 # --fused's variants: w4_fused.plan_fused's (early_b, down_lane_sets): both of down's load chunks before the
 # pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
 FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
 DOWN_EXPERTS = ("down_dx", "both_dx")  # --down-experts: that down alone, then after the pair-major up
-LEAN = ("up_lean", "down_lean", "both_lean")  # --lean: version 9's launches alone, then both
+# --lean: version 9's launches alone, then both, then the default up with version 9's down
+LEAN = ("up_lean", "down_lean", "both_lean", "both_lean_down")
 
 
 @triton.jit
@@ -246,7 +250,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_e
     its variants (FUSED_VARIANTS); one plan_fused refuses is left out, its reason in tiles["fused_refused"][name].
     down_experts adds "both_dx" and "down_dx": the same calls with the expert-major down launch and sum
     (w4_experts.down_launch) at its tiles (tiles["down_experts"]). lean adds "up_lean", "down_lean" and
-    "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"])."""
+    "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"]), and
+    "both_lean_down": the default up, then version 9's down (plan_call(lean="down"))."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
@@ -286,11 +291,12 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_e
         builds["down_dx"] = Built([lambda c=c, h=h: w4_experts.down_launch(c, h) for c, h in zip(cdx, hs)])
         tiles["down_experts"] = dx.__dict__
     if lean:
-        lcs = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down), lean=True)
-               for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
+        lcs, dcs = ([w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down), lean=which)
+                     for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)] for which in ("both", "down"))
         builds["up_lean"] = Built([lambda c=c: w4_mma.up_launch(c) for c in lcs])
         builds["down_lean"] = Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(lcs, hs)])
         builds["both_lean"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in lcs])
+        builds["both_lean_down"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in dcs])
         tiles["lean"] = {"up": lcs[0].up.__dict__, "down": lcs[0].down.__dict__}
     return tiles, builds, hs
 
@@ -374,7 +380,7 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         if name in builds:  # down_dx reads real activations, so its output is the call's too
             entry["rel_error"][name] = runner.check(builds[name], wl, key=f"{case.key} {LABELS[name]}")["rel_error"]
     if lean:
-        for name in ("down_lean", "both_lean"):
+        for name in ("down_lean", "both_lean", "both_lean_down"):
             entry["rel_error"][name] = runner.check(builds[name], wl, key=f"{case.key} {LABELS[name]}")["rel_error"]
         # against the default up's activations, not the reference: kept apart from rel_error
         entry["lean_up_vs_default"] = check_lean_up(builds["up_lean"], activations, wl,

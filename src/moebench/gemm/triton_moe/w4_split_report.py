@@ -186,6 +186,10 @@ def _against_both(saved_us: float, significant: bool) -> str:
     return f"{abs(saved_us):.2f} us {way} than both{sig}"
 
 
+def _faster(saved_us: float) -> str:
+    return f"{abs(saved_us):.2f} us {'faster' if saved_us >= 0 else 'slower'}"
+
+
 def fused_line(model: str, M: int, f: dict, label: str = "one launch") -> str:
     """One line of the one-launch kernel's result, as printed while the run goes on."""
     return (f"  {model} M={M} {label}: {f['us']:.2f} us, {_against_both(f['saved_us'], f['significant'])}; "
@@ -216,23 +220,31 @@ def down_experts_line(model: str, M: int, d: dict) -> str:
 
 
 def lean_summary(times: dict[str, Timed]) -> dict:
-    """Version 9's K loop (w4_mma.plan_call(lean=True)) in both launches, against the default kernel's, one
-    process: `both_lean`, `up_lean` and `down_lean` (on the kept activations) against both, up and down.
+    """Version 9's K loop (w4_mma.plan_call(lean=...)) against the default kernel's, one process: `both_lean`,
+    `up_lean` and `down_lean` (on the kept activations) against both, up and down, and `both_lean_down` (the
+    default up, then version 9's down) against both.
 
     us, noise       both_lean's graph time per call
     saved_us        both - both_lean (> 0: version 9 wins)
     up_saved_us     up - up_lean
     down_saved_us   down - down_lean
     significant     saved_us is outside the two timings' spread (agree_tol)
+    down_only       {us, noise, saved_us, significant}: both_lean_down, the same way against both
     """
-    both, lean = times["both"], times["both_lean"]
-    saved = both.us - lean.us
-    return {"us": lean.us, "noise": lean.noise, "saved_us": saved, "up_saved_us": times["up"].us - times["up_lean"].us,
-            "down_saved_us": times["down"].us - times["down_lean"].us,
-            "significant": abs(saved) / both.us > agree_tol(both, lean)}
+    both = times["both"]
+
+    def against_both(name):
+        t = times[name]
+        saved = both.us - t.us
+        return {"us": t.us, "noise": t.noise, "saved_us": saved, "significant": abs(saved) / both.us > agree_tol(both, t)}
+
+    return {**against_both("both_lean"), "up_saved_us": times["up"].us - times["up_lean"].us,
+            "down_saved_us": times["down"].us - times["down_lean"].us, "down_only": against_both("both_lean_down")}
 
 
 def lean_line(model: str, M: int, d: dict) -> str:
     """One line of version 9's result, as printed while the run goes on."""
     return (f"  {model} M={M} lean (version 9): {d['us']:.2f} us, {_against_both(d['saved_us'], d['significant'])}; "
-            f"up alone {d['up_saved_us']:+.2f} us saved, down alone {d['down_saved_us']:+.2f}")
+            f"up alone {_faster(d['up_saved_us'])}, down alone {_faster(d['down_saved_us'])}; "
+            f"the default up then version 9's down {d['down_only']['us']:.2f} us, "
+            f"{_against_both(d['down_only']['saved_us'], d['down_only']['significant'])}")

@@ -44,7 +44,8 @@ DOWN_TILES = {"rows4": [(bn, nt, 4) for bn, nt in ((4, 4), (4, 8), (8, 1), (8, 2
               "mma_experts": [(64, 256, 4), (64, 128, 8), (32, 128, 4), (128, 256, 8), (32, 64, 8), (64, 64, 16),
                               (128, 128, 16), (16, 128, 2), (256, 256, 16), (32, 256, 2), (16, 256, 1)]}
 # version 9 sweeps mma's tiles (w4_mma.lean_config halves block_k where its steps would not cover K's groups)
-UP_TILES["mma_lean"], DOWN_TILES["mma_lean"] = UP_TILES["mma"], DOWN_TILES["mma"]
+for _k in ("mma_lean", "mma_lean_down"):
+    UP_TILES[_k], DOWN_TILES[_k] = UP_TILES["mma"], DOWN_TILES["mma"]
 
 
 def tune_case(model: str, M: int, ceiling: float, log=print, *, kernel: str = "mma", tp: int = 8,
