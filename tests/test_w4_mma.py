@@ -259,3 +259,20 @@ def test_mma_lean_down_reads_its_own_table_then_mmas(monkeypatch):
     monkeypatch.setattr(w4_mma, "table_entry", lambda key: own if key == "w4mma9d|7168|256|384|8|16" else None)
     assert k.config(16, 7168, 256, 384, 8) == (KernelConfig(16, 128, 4), KernelConfig(16, 128, 2))
     assert k.config(1, 7168, 256, 384, 8) == w4_mma.mma_config(1, 7168, 256, 384, 8)  # not mma_lean's w4mma9
+
+
+def test_up_unroll_overrides_lean_unrolls_rule_in_the_up_launch_only(monkeypatch):
+    """MmaCall.up_unroll (w4_split's up_lean_u1) sets version 9's UNROLL in the up launch, where lean_unroll's rule
+    would unroll twice (16 groups in steps of 2: 8 trips); 0 keeps the rule."""
+    from dataclasses import replace
+
+    launches = []
+    monkeypatch.setattr(w4_mma, "moebench_w4_mma", type("Rec", (), {
+        "__getitem__": lambda self, grid: lambda *a, **kw: launches.append(kw)})())
+    pb = int4_problem(1, 512, 32, 2, E, 0)
+    w1, w2 = w4_mma.pack_tiles16(pb.d1, pb.q.scales[0]), w4_mma.pack_tiles16(pb.d2, pb.q.scales[1])
+    c = w4_mma.plan_call(pb.x, w1, w2, pb.tw, pb.ids, config=(KernelConfig(16, 32, 2), KernelConfig(16, 32, 1)),
+                         pdl=False, lean="both")
+    w4_mma.up_launch(c)
+    w4_mma.up_launch(replace(c, up_unroll=1))
+    assert [kw["UNROLL"] for kw in launches] == [2, 1]

@@ -183,7 +183,8 @@ def lean_unroll(kc: KernelConfig, K: int) -> int:
 
 
 def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weighted, kc: KernelConfig,
-            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None, lean=False):
+            pdl_wait=False, pdl_trigger=False, prefetch_down=0, down_w: W4Tiles | None = None, lean=False,
+            unroll=0):
     rt, ks, gpi = lane_sets(kc)
     av = a.contiguous().view(torch.int32)
     extra = {}
@@ -191,7 +192,7 @@ def _launch(a, w: W4Tiles, ids, tw, out, *, rows, N, up_rows, slots, a_div, weig
         # version 9 loads without the row-tile mask: every program's tiles must be real rows
         if (N // TILE) % rt:
             raise ValueError(f"lean: {N // TILE} row tiles do not split into programs of {rt}")
-        extra.update(LEAN=1, UNROLL=lean_unroll(kc, w.K))
+        extra.update(LEAN=1, UNROLL=unroll or lean_unroll(kc, w.K))
     if prefetch_down:
         # the kernel addresses expert e's down slice as e x its size: the stacks must be contiguous
         if not (down_w.words.is_contiguous() and down_w.scales.is_contiguous()):
@@ -229,6 +230,9 @@ class MmaCall:
     pdl: bool
     prefetch_down: int = 0  # w4_prefetch.MODES: the up launch prefetches down's weights into L2 (0: off)
     lean: str = ""  # LEAN_LAUNCHES: the launches with version 9's K loop, at lean_config's tiles (plan_call's)
+    # how often version 9's up loop is unrolled; 0: lean_unroll's rule. Twice needs 160 registers at Kimi's
+    # M = 4-16 tiles (3 programs an SM), once 128 (4): session 27's question whether up's loss is occupancy
+    up_unroll: int = 0
 
     @property
     def lean_up(self) -> bool:
@@ -288,7 +292,8 @@ def up_launch(c: MmaCall) -> torch.Tensor:
     c.prefetch_down its programs also prefetch the down weights of their experts into L2."""
     h = torch.empty((c.M * c.topk, c.I), dtype=c.x.dtype, device=c.x.device)
     _launch(c.x, c.w1, c.ids, c.tw, h, rows=c.M * c.topk, N=c.I, up_rows=c.I, slots=1, a_div=c.topk,
-            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2, lean=c.lean_up)
+            weighted=False, kc=c.up, pdl_trigger=c.pdl, prefetch_down=c.prefetch_down, down_w=c.w2, lean=c.lean_up,
+            unroll=c.up_unroll)
     return h
 
 

@@ -40,13 +40,14 @@ sum (w4_experts.down_launch, at its own tiles, experts_config), and `down_dx`, t
 activations. Both are checked against the reference first. The report's `down_experts` holds them against both
 and against the pair-major down alone (w4_split_report.down_experts_summary).
 
-With --lean (issue 32's version 9: the same sums in fewer instructions, w4_mma.plan_call(lean=...)), four more
+With --lean (issue 32's version 9: the same sums in fewer instructions, w4_mma.plan_call(lean=...)), five more
 are timed after `both`: `up_lean`, `down_lean` and `both_lean`, the two launches with version 9's K loop at its
-tiles (w4_mma.lean_config; tiles["lean"]), and `both_lean_down`, the default up then version 9's down (the
-candidate session 27's first run pointed to: lean="down"). Those with a down are checked against the reference;
-up_lean must repeat itself bit for bit and stay within 1e-3 of the kept activations (check_lean_up: where
-lean_config halves block_k, K's groups fall to other lane sets and the float32 sums add in another order; the
-report's `lean_up_vs_default`). The report's `lean` holds them against both, up and down
+tiles (w4_mma.lean_config; tiles["lean"]); `up_lean_u1`, its up loop unrolled once (the default's registers);
+and `both_lean_down`, the default up then version 9's down (lean="down", the candidate session 27's first run
+pointed to). Those with a down are checked against the reference; both ups must repeat themselves bit for bit
+and stay within 1e-3 of the kept activations (check_lean_up: where lean_config halves block_k, K's groups fall
+to other lane sets and the float32 sums add in another order; the report's `lean_up_vs_default` and
+`lean_up_u1_vs_default`). The report's `lean` holds them against both, up and down
 (w4_split_report.lean_summary).
 
 Correct before fast: bench and both are checked against the float32 reference (gemm.runner.check), down
@@ -104,13 +105,14 @@ LABELS = {"launch": "one empty launch", "bench": "bench (the backend's calls)", 
           "fused_dks4": "fused, down over 4 lane sets", "down_dx": "down alone, expert-major",
           "both_dx": "up, then the expert-major down", "up_lean": "up alone, version 9",
           "down_lean": "down alone, version 9", "both_lean": "both, version 9",
-          "both_lean_down": "up, then version 9's down"}
+          "both_lean_down": "up, then version 9's down", "up_lean_u1": "up alone, version 9 unrolled once"}
 # --fused's variants: w4_fused.plan_fused's (early_b, down_lane_sets): both of down's load chunks before the
 # pair's wait or the second after it; I's groups over 1, 2 or 4 lane sets (fewer activation registers a lane)
 FUSED_VARIANTS = {"fused": (True, 1), "fused_late_b": (False, 1), "fused_dks2": (True, 2), "fused_dks4": (True, 4)}
 DOWN_EXPERTS = ("down_dx", "both_dx")  # --down-experts: that down alone, then after the pair-major up
-# --lean: version 9's launches alone, then both, then the default up with version 9's down
-LEAN = ("up_lean", "down_lean", "both_lean", "both_lean_down")
+# --lean: version 9's launches alone (its up also unrolled once: 128 registers, not 160), then both, then the
+# default up with version 9's down
+LEAN = ("up_lean", "up_lean_u1", "down_lean", "both_lean", "both_lean_down")
 
 
 @triton.jit
@@ -250,7 +252,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_e
     its variants (FUSED_VARIANTS); one plan_fused refuses is left out, its reason in tiles["fused_refused"][name].
     down_experts adds "both_dx" and "down_dx": the same calls with the expert-major down launch and sum
     (w4_experts.down_launch) at its tiles (tiles["down_experts"]). lean adds "up_lean", "down_lean" and
-    "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"]), and
+    "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"]); "up_lean_u1", its
+    up with the loop unrolled once; and
     "both_lean_down": the default up, then version 9's down (plan_call(lean="down"))."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
@@ -294,6 +297,7 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_e
         lcs, dcs = ([w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down), lean=which)
                      for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)] for which in ("both", "down"))
         builds["up_lean"] = Built([lambda c=c: w4_mma.up_launch(c) for c in lcs])
+        builds["up_lean_u1"] = Built([lambda c=replace(c, up_unroll=1): w4_mma.up_launch(c) for c in lcs])
         builds["down_lean"] = Built([lambda c=c, h=h: w4_mma.down_launch(c, h) for c, h in zip(lcs, hs)])
         builds["both_lean"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in lcs])
         builds["both_lean_down"] = Built([lambda c=c: w4_mma.down_launch(c, w4_mma.up_launch(c)) for c in dcs])
@@ -385,6 +389,8 @@ def measure_case(case: GemmCase, device: str, ceiling: float, l2: int | None, ru
         # against the default up's activations, not the reference: kept apart from rel_error
         entry["lean_up_vs_default"] = check_lean_up(builds["up_lean"], activations, wl,
                                                     f"{case.key} {LABELS['up_lean']}")
+        entry["lean_up_u1_vs_default"] = check_lean_up(builds["up_lean_u1"], activations, wl,
+                                                       f"{case.key} {LABELS['up_lean_u1']}")
     for name, why in tiles.get("fused_refused", {}).items():
         log(f"{case.model} M={case.m}: no {LABELS[name]} timing: {why}")
     for mode in prefetch:
