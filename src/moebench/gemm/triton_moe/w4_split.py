@@ -253,8 +253,8 @@ def split_builds(wl, prefetch: tuple[str, ...] = (), fused: bool = False, down_e
     down_experts adds "both_dx" and "down_dx": the same calls with the expert-major down launch and sum
     (w4_experts.down_launch) at its tiles (tiles["down_experts"]). lean adds "up_lean", "down_lean" and
     "both_lean": the same calls planned with version 9's K loop, at its tiles (tiles["lean"]); "up_lean_u1", its
-    up with the loop unrolled once; and
-    "both_lean_down": the default up, then version 9's down (plan_call(lean="down"))."""
+    up with the loop unrolled once; and "both_lean_down", the default up then version 9's down
+    (plan_call(lean="down"))."""
     k, w1, w2, (up, down) = w4_operands(wl, kernel="mma")
     calls = [w4_mma.plan_call(x, w1, w2, w, ids, config=(up, down))
              for x, ids, w in zip(wl.x, wl.topk_ids, wl.topk_weights)]
