@@ -181,9 +181,8 @@ def fused_summary(times: dict[str, Timed], name: str = "fused") -> dict:
 def _against_both(saved_us: float, significant: bool) -> str:
     """'2.07 us faster than both' or '1.55 us slower than both', and whether it is within the spread: in words,
     not a sign (session 24 read "-1.55 us against both" as a gain at first glance)."""
-    way = "faster" if saved_us >= 0 else "slower"
     sig = "" if significant else " (within the timings' spread)"
-    return f"{abs(saved_us):.2f} us {way} than both{sig}"
+    return f"{_faster(saved_us)} than both{sig}"
 
 
 def _faster(saved_us: float) -> str:
