@@ -9,7 +9,8 @@
            opt-in, issue 32's experiment): w4_tune sweeps its tiles as a kernel of its own. Session 27 (an
            H100): its up slower at every M (160 registers at M = 4-16, halved block_k at M = 1), its down faster
     mma_lean_down  mma's up with version 9's down (w4_mma.plan_call(lean="down"); opt-in, the candidate that
-           session 27's split points to), its own table `w4mma9d`
+           session 27's split points to), its own table `w4mma9d`. Session 28 (two H100s): 3.5% under mma at
+           M = 1, 5.4-6.5% at M = 4-16; not the default until an H200 reads the same (the notes' next call)
     mma_experts  w4_experts.py: mma's weights and decode, one program per expert and row tile with up to 8 of
            the expert's tokens as mma's 8 columns; the `triton_experts` backend runs it at every M, and `triton`
            above M = 16, where tokens share experts (session 20's measurement: version 6 in the notes)
