@@ -319,7 +319,7 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
                 pytest.skip(f"not timed on this host: the stream arrived in bursts ({held}; "
                             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), so {why}; "
                             "time it on a quieter box")
-            raise EngineError(wrong + (f"; {held}" if held else "") if wrong
+            raise EngineError((wrong + (f"; {held}" if held else "")) if wrong
                               else f"the stream arrived in bursts ({held}), so {why}", run.log)
         warm = metrics.get("warmup_ms_per_token")
         moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
