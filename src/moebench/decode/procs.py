@@ -3,7 +3,14 @@
 An engine (a vLLM/SGLang server, or the worker hosting vLLM's LLM class) spawns processes of its own:
 EngineCore, one worker per rank, compile workers. A hung rank must not outlive its case, so every
 engine starts as the leader of a new process group and stops by signalling the whole group, SIGTERM
-first, SIGKILL after a grace period, until none is left. A process that leaves the group (setsid) is
+first, SIGKILL after a grace period, until none is left.
+
+The group stays in the caller's session (setpgid, not setsid). Linux's scheduler autogroups tasks by
+session (kernel.sched_autogroup_enabled): an engine in a session of its own competes with the timing
+client as one group against another, and on a 2-core box running vLLM-CPU (its worker pinned to one
+core, EngineCore busy on the other) the client was left runnable but unscheduled for up to 690 ms, so a
+whole trial's stream reached it at once (10 of 12 trials with one busy loop beside it; 0 of 12 with the
+engine in the client's session, same box, same load). A process that leaves the group (setsid) is
 still found: every engine process inherits a MOEBENCH_ENGINE_ID environment variable unique to its
 engine, and stop() signals whatever carries it, orphans included.
 """
@@ -126,8 +133,8 @@ class EngineProcess:
         full_env[TAG_VAR] = self.tag
         self.started = time.monotonic()
         self.proc = subprocess.Popen(self.cmd, stdout=self._log_file, stderr=subprocess.STDOUT, stdin=stdin,
-                                     env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), start_new_session=True)
-        self.pid = self.proc.pid  # == the process group id (start_new_session)
+                                     env=full_env, cwd=cwd, pass_fds=tuple(pass_fds), process_group=0)
+        self.pid = self.proc.pid  # == the process group id (process_group=0)
         self._known: set[int] = set()
 
     def exit_code(self) -> int | None:
