@@ -15,7 +15,7 @@ def test_engine_leads_its_own_group_inside_the_callers_session(tmp_path):
         assert os.getpgid(eng.pid) == eng.pid, "the engine must lead a process group of its own"
         assert os.getpgid(eng.pid) != os.getpgid(0)
         # A session of its own (setsid) makes it an autogroup of its own: on a 2-core vLLM-CPU box that
-        # starved the streaming client for up to 690 ms and whole trials arrived as one burst.
+        # starved the streaming client for about 700 ms and whole trials arrived as one burst.
         assert os.getsid(eng.pid) == os.getsid(0), "the engine must stay in the caller's session"
     finally:
         assert eng.stop(grace_s=5, kill_wait_s=5) == []

