@@ -312,15 +312,16 @@ def run_case(case: DecodeCase, moebench, workdir: Path) -> None:
         if wrong or held:  # never recorded, never a baseline
             why = wrong or "no steady rate can be read from it"
             if held and s.device == "cpu":
-                # The client, the server and the engine share the host's cores here: a starved engine
-                # process sends its stream in bursts, or whole (a loaded 2-core box does so at will), which
-                # says nothing of the code, so the case cannot be timed on this host and says so. On a
-                # GPU box a burst is the engine's own streaming and fails below.
+                # The client, the server and the engine share the host's cores here: a starved client or
+                # engine process sees the stream in bursts, or whole (a loaded 2-core box does so at will;
+                # procs.py keeps the scheduler's autogroups out of it), which says nothing of the code, so
+                # the case cannot be timed on this host and says so. On a GPU box a burst is the engine's
+                # own streaming and fails below.
                 pytest.skip(f"not timed on this host: the stream arrived in bursts ({held}; "
                             f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores), so {why}; "
                             "time it on a quieter box")
-            raise EngineError((wrong + (f"; {held}" if held else "")) if wrong
-                              else f"the stream arrived in bursts ({held}), so {why}", run.log)
+            raise EngineError(f"{wrong}; {held}" if wrong and held else wrong
+                              or f"the stream arrived in bursts ({held}), so {why}", run.log)
         warm = metrics.get("warmup_ms_per_token")
         moebench.progress(f"{case.id}: steady {metrics['ms_per_token'].value:.3f} ms/token, TTFT "
                           f"{metrics['ttft_ms'].value:.1f} ms" + (f"; warm-up {warm.value:.3f} ms/token (apart)" if warm else ""))
